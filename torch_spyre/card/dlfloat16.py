@@ -1,0 +1,70 @@
+"""DLFloat16: how the card stores fp16 and bf16 values (IBM, ARITH 2019).
+
+Bits: sign 1 | exponent 6 | fraction 9, bias 31, value = (-1)^s * 2^(e-31) * (1 + m/512).
+- No subnormals: exponent 0 with a non-zero fraction is a normal number; only all-zero bits (and the
+  sign bit alone) is zero.
+- One special code, exponent 63 with fraction 511 (0x7FFF / 0xFFFF), stands for NaN *and* infinity.
+- From fp32: round to nearest, ties away from zero (add half an ulp of the 9-bit fraction, truncate);
+  a carry bumps the exponent. Below the smallest normal (or an fp32 denormal input): signed zero.
+- Overflow (a finite value whose magnitude rounds above the largest finite DLFloat16, ~8.573e9): the
+  NaN/Inf code with the sign kept. This is zDNN's choice, the hardware-path conversion; onnx-mlir's
+  software path saturates instead. fp32 infinities and NaNs also map to the special code.
+- To fp32: exact, except the special code, which becomes NaN (the card cannot tell NaN from Inf).
+
+All functions are vectorized over numpy arrays; bit patterns are ``uint16``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SPECIAL = 0x7FFF  # NaN/Inf, sign bit clear
+BIAS = 31
+FRACTION_BITS = 9
+MAX_FINITE = float(2.0 ** (63 - BIAS) * (1 + 510 / 512))  # 8.573e9: fraction 511 at exponent 63 is special
+MIN_POSITIVE = float(2.0 ** (0 - BIAS) * (1 + 1 / 512))  # 4.66e-10: exponent 0, fraction 1
+
+_F32_BIAS = 127
+_DROP = 23 - FRACTION_BITS  # fp32 fraction bits that DLFloat16 drops
+
+
+def from_float32(values: np.ndarray) -> np.ndarray:
+    """Round fp32 values to DLFloat16 bit patterns (ties away from zero, overflow to the special code)."""
+    f = np.ascontiguousarray(values, dtype=np.float32)
+    bits = f.view(np.uint32)
+    sign = ((bits >> 16) & 0x8000).astype(np.uint16)
+    mag = bits & 0x7FFFFFFF
+    # Add half an ulp of the 9-bit fraction to the magnitude and truncate: ties round away from zero,
+    # and a carry out of the fraction bumps the exponent.
+    rounded = mag + np.uint32(1 << (_DROP - 1))
+    exp32 = (rounded >> 23).astype(np.int32)
+    frac = ((rounded >> _DROP) & 0x1FF).astype(np.uint16)
+    exp6 = exp32 - (_F32_BIAS - BIAS)
+    out = (np.clip(exp6, 0, 63).astype(np.uint16) << FRACTION_BITS) | frac
+
+    not_finite = (mag >= 0x7F800000)  # inf or NaN input
+    overflow = (exp6 > 63) | ((exp6 == 63) & (frac == 0x1FF))
+    underflow = (exp6 < 0) | (mag < 0x00800000)  # below 2^-31, or an fp32 denormal / zero
+    # Exponent 0 with fraction 0 would be the zero code: a value that rounds exactly to 2^-31 underflows.
+    underflow |= (exp6 == 0) & (frac == 0)
+    out = np.where(underflow, np.uint16(0), out)
+    out = np.where(overflow | not_finite, np.uint16(SPECIAL), out)
+    return (out | sign).astype(np.uint16)
+
+
+def to_float32(bits: np.ndarray) -> np.ndarray:
+    """Expand DLFloat16 bit patterns to fp32 (exact; the special code becomes NaN)."""
+    b = np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32)
+    sign = (b & 0x8000) << 16
+    mag = b & 0x7FFF
+    exp32 = (mag >> FRACTION_BITS) + (_F32_BIAS - BIAS)
+    frac = (mag & 0x1FF) << _DROP
+    out = sign | (exp32 << 23) | frac
+    out = np.where(mag == 0, sign, out)
+    out = np.where(mag == SPECIAL, np.uint32(0x7FC00000) | sign, out)
+    return out.astype(np.uint32).view(np.float32)
+
+
+def round_float32(values: np.ndarray) -> np.ndarray:
+    """fp32 values as the card would hold them after a round trip through DLFloat16."""
+    return to_float32(from_float32(values))

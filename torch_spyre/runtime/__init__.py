@@ -1,0 +1,1 @@
+"""The runtime: streams and the device clock, program preparation and launch, the profiler."""
