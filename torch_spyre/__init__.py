@@ -1,0 +1,52 @@
+"""torch-spyre: IBM's Spyre accelerator as a native PyTorch device, on a simulated card.
+
+``import torch_spyre`` (or a bare ``import torch`` once the package is installed, through the
+``torch.backends`` entry point ``torch_spyre:_autoload``) registers the ``spyre`` device and
+``torch.spyre``. Public helpers are loaded on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "get_layout": ("torch_spyre.device.tensor", "get_layout"),
+    "to_spyre": ("torch_spyre.device.tensor", "to_spyre"),
+    "TensorLayout": ("torch_spyre.device.tensor", "TensorLayout"),
+    "fallback_stats": ("torch_spyre.device.fallback", "fallback_stats"),
+    "reset_fallback_stats": ("torch_spyre.device.fallback", "reset_fallback_stats"),
+    "dlfloat16_emulation": ("torch_spyre.device.dtypes", "dlfloat16_emulation"),
+    "set_dlfloat16_emulation": ("torch_spyre.device.dtypes", "set_dlfloat16_emulation"),
+    "Stream": ("torch_spyre.spyre_module", "Stream"),
+    "Event": ("torch_spyre.spyre_module", "Event"),
+}
+
+__all__ = ["register", *_LAZY]
+
+
+def register() -> None:
+    """Register the ``spyre`` device with PyTorch (idempotent)."""
+    from .device.registration import register as _register
+
+    _register()
+
+
+def _autoload() -> None:
+    """Entry point for torch's backend autoload (``[project.entry-points."torch.backends"]``)."""
+    register()
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'torch_spyre' has no attribute {name!r}")
+
+
+register()

@@ -1,0 +1,85 @@
+"""Copies between the host and the card, and within/between cards, with their simulated time.
+
+Time model (the one place it is decided for copies):
+
+- host<->device: the PCIe Gen5 x16 link, ``pcie_latency_s + device_bytes / pcie_effective_bandwidth``,
+  on the current stream of the card, resource ``h2d`` or ``d2h``. ``device_bytes`` are the whole sticks the
+  transfer touches (padding included: the card moves sticks).
+- device->device on one card: a DMA through LPDDR5, ``kernel_fixed_cost_s + 2 * bytes / (peak x mixed
+  efficiency)`` (read and write), resource ``compute``.
+- card->card: a ``d2h`` on the source card followed by an ``h2d`` on the destination card.
+
+A blocking copy to the host makes the host observe the copy's end (``DeviceClock.observe``), like
+``cudaMemcpy``. With ``non_blocking=True`` it does not: the host runs ahead, and an event or
+``torch.spyre.synchronize()`` observes the time later. The bytes are always there at once (the card
+executes functionally; only its timing is simulated), so ``non_blocking`` never returns stale data.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..runtime import stream as rt
+from . import cards, tensor
+
+
+def pcie_seconds(nbytes: int) -> float:
+    cfg = cards.config()
+    return cfg.pcie_latency_s + nbytes / cfg.pcie_effective_bandwidth
+
+
+def d2d_seconds(nbytes: int) -> float:
+    cfg = cards.config()
+    return cfg.kernel_fixed_cost_s + 2 * nbytes / (cfg.dram_peak_bandwidth * cfg.dram_mixed_efficiency)
+
+
+def _card(t: torch.Tensor) -> int:
+    return t.device.index or 0
+
+
+def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """``aten::_copy_from``: ``dst.copy_(src)`` where at least one side is on a spyre device."""
+    src_spyre, dst_spyre = src.device.type == "spyre", dst.device.type == "spyre"
+    if src_spyre and not dst_spyre:
+        if dst.device.type != "cpu":
+            raise RuntimeError(f"cannot copy between {src.device} and {dst.device}; go through the CPU")
+        values, moved = tensor.read(src)
+        dst.copy_(values)
+        card = _card(src)
+        rec = rt.current_stream(card).enqueue(
+            "copy_d2h", pcie_seconds(moved.device_bytes), kind="copy_d2h", resource="d2h",
+            details={"bytes": moved.device_bytes, "non_blocking": non_blocking},
+        )
+        if not non_blocking:
+            rt.clock(card).observe(rec.end)
+        return dst
+    if dst_spyre and not src_spyre:
+        if src.device.type != "cpu":
+            raise RuntimeError(f"cannot copy between {src.device} and {dst.device}; go through the CPU")
+        moved = tensor.write(dst, src)
+        rt.current_stream(_card(dst)).enqueue(
+            "copy_h2d", pcie_seconds(moved.device_bytes), kind="copy_h2d", resource="h2d",
+            details={"bytes": moved.device_bytes, "non_blocking": non_blocking},
+        )
+        return dst
+    # device -> device
+    values, read_moved = tensor.read(src)
+    written = tensor.write(dst, values)
+    s_card, d_card = _card(src), _card(dst)
+    if s_card == d_card:
+        rt.current_stream(s_card).enqueue(
+            "copy_d2d", d2d_seconds(max(read_moved.device_bytes, written.device_bytes)), kind="copy_d2d",
+            resource="compute", details={"bytes": written.device_bytes},
+        )
+    else:
+        out = rt.current_stream(s_card).enqueue(
+            "copy_d2h", pcie_seconds(read_moved.device_bytes), kind="copy_d2h", resource="d2h",
+            details={"bytes": read_moved.device_bytes, "to": f"spyre:{d_card}"},
+        )
+        dst_stream = rt.current_stream(d_card)
+        dst_stream.ready_at = max(dst_stream.ready_at, out.end)  # the data is on the host link by then
+        rt.current_stream(d_card).enqueue(
+            "copy_h2d", pcie_seconds(written.device_bytes), kind="copy_h2d", resource="h2d",
+            details={"bytes": written.device_bytes, "from": f"spyre:{s_card}"},
+        )
+    return dst

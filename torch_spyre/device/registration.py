@@ -1,0 +1,99 @@
+"""Register the ``spyre`` device: rename PrivateUse1, install ``torch.spyre``, hooks, guard and kernels.
+
+Runs inside ``import torch`` when the package is installed (the ``torch.backends`` autoload entry point),
+so it imports nothing heavy: the kernels below are thin forwarders that import the device modules
+(card model, configuration, numpy) on their first call.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+_lock = threading.Lock()
+_registered = False
+_libraries: list[torch.library.Library] = []  # kept alive: dropping a Library unregisters its kernels
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _Guard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def _forward(name: str):
+    def kernel(*args, **kwargs):
+        from . import kernels
+
+        return kernels.KERNELS[name](*args, **kwargs)
+
+    kernel.__name__ = f"spyre_{name.replace('.', '_')}"
+    return kernel
+
+
+def _cpu_metadata(name: str):
+    op = getattr(torch.ops.aten, name).default
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+    def kernel(*args, **kwargs):
+        return op.redispatch(keys, *args, **kwargs)
+
+    kernel.__name__ = f"spyre_{name}"
+    return kernel
+
+
+def _fallback(op, *args, **kwargs):
+    from . import fallback
+
+    return fallback.run(op, *args, **kwargs)
+
+
+KERNEL_NAMES = (
+    "empty.memory_format", "empty_strided", "_copy_from", "_copy_from_and_resize", "resize_",
+    "set_.source_Storage", "set_.source_Storage_storage_offset", "set_.source_Tensor", "set_", "view.dtype",
+)
+# Ops whose CPU kernels only edit sizes/strides/offset of a tensor sharing the storage.
+METADATA_OPS = ("view", "as_strided", "_reshape_alias", "alias", "unfold")
+
+
+def register() -> None:
+    """Make ``spyre`` a PyTorch device (idempotent)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        current = torch._C._get_privateuse1_backend_name()
+        if current not in ("privateuseone", "spyre"):
+            raise RuntimeError(f"cannot register spyre: PrivateUse1 is already taken by {current!r}")
+        from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+        from .. import spyre_module
+
+        if current == "privateuseone":
+            _setup_privateuseone_for_python_backend("spyre", backend_module=spyre_module, hook=_Hooks(),
+                                                    device_guard=_Guard())
+        aten = torch.library.Library("aten", "IMPL")
+        for name in KERNEL_NAMES:
+            aten.impl(name, _forward(name), "PrivateUse1")
+        for name in METADATA_OPS:
+            aten.impl(name, _cpu_metadata(name), "PrivateUse1")
+        catch_all = torch.library.Library("_", "IMPL")
+        catch_all.fallback(_fallback, "PrivateUse1")
+        _libraries.extend([aten, catch_all])
+
+        from . import serialization, torch_patches
+
+        serialization.register()
+        torch_patches.patch()
+        _registered = True

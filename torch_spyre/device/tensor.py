@@ -1,0 +1,285 @@
+"""Device tensors: allocation with a stick layout, and every read/write of device memory through it.
+
+Each allocation carries, in ``Allocation.meta``:
+
+- ``layout``: the :class:`~torch_spyre.card.layout.StickLayout` of the storage's *host element space*
+  (the elements every view of the storage indexes with its storage offset and strides);
+- ``dtype``: the host dtype the storage was allocated for; ``encoding``: ``dlfloat16`` or ``raw``
+  (see ``dtypes.py``).
+
+Device memory always holds the card's bytes (stick layout, DLFloat16). Nothing here interprets them as
+host-format data: a view's host linear indices ``storage_offset + sum(i_k * stride_k)`` go through
+``layout.device_offsets`` to device elements (fast path: a whole dense storage via ``pack``/``unpack``).
+A view whose dtype differs from the storage's (``x.view(torch.int16)``, byte views of a storage used by
+``torch.save``) reads and writes the storage's *host-format image*: decoded, reinterpreted, re-encoded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..card.layout import StickLayout
+from ..card.memory import Allocation, DeviceOutOfMemoryError
+from . import cards, dtypes, storage
+
+
+# --- layouts -----------------------------------------------------------------------------------
+def _dense_order(size: Sequence[int], stride: Sequence[int]) -> list[int] | None:
+    """Dims (of size > 1) by decreasing stride if ``size``/``stride`` is dense and non-overlapping, else None."""
+    dims = [d for d in range(len(size)) if size[d] != 1]
+    order = sorted(dims, key=lambda d: -stride[d])
+    expected = 1
+    for d in reversed(order):
+        if stride[d] != expected:
+            return None
+        expected *= size[d]
+    return order
+
+
+def layout_for(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> StickLayout:
+    """The default layout of a new storage for a tensor of ``size``/``stride``.
+
+    Dense (possibly permuted) strides: the host shape is the sizes by decreasing stride (size-1 dims
+    dropped) and the unit-stride dim is sticked (IBM's default: the last host dim). Other strides: a flat
+    1-D layout of the storage's required elements.
+    """
+    ddt = dtypes.device_dtype(dtype)
+    order = _dense_order(size, stride)
+    if order is not None:
+        return StickLayout(tuple(size[d] for d in order), -1, ddt)
+    needed = 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(s > 0 for s in size) else 0
+    return StickLayout((needed,), 0, ddt)
+
+
+def contiguous_strides(size: Sequence[int]) -> list[int]:
+    strides, acc = [], 1
+    for s in reversed(size):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return list(reversed(strides))
+
+
+# --- allocation ----------------------------------------------------------------------------------
+def release_freed() -> None:
+    """Free allocations whose storages died (exact stats whenever they are read)."""
+    storage.release_dead(lambda i: cards.card(i).memory)
+
+
+def _allocate(card: int, nbytes: int) -> Allocation:
+    memory = cards.card(card).memory
+    if storage.sweep_due() or memory.allocated + nbytes > memory.capacity:
+        release_freed()  # dead storages may hold the memory asked for
+    try:
+        return memory.allocate(nbytes)
+    except DeviceOutOfMemoryError as e:
+        raise torch.OutOfMemoryError(str(e)) from None
+
+
+def new_storage_tensor(card: int, dtype: torch.dtype, layout: StickLayout | None) -> torch.Tensor:
+    """A 1-D tensor over a fresh allocation covering ``layout``'s host element space."""
+    card = cards.check_index(card)
+    if layout is None or layout.numel == 0:
+        dtypes.device_dtype(dtype)
+        return storage.storage_tensor(card, None, dtype, 0)
+    alloc = _allocate(card, layout.nbytes)
+    alloc.meta.update(layout=layout, dtype=dtype, encoding=dtypes.encoding_for(dtype))
+    return storage.storage_tensor(card, alloc, dtype, layout.numel)
+
+
+def empty_strided(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype, card: int,
+                  layout: StickLayout | None = None) -> torch.Tensor:
+    size, stride = [int(s) for s in size], [int(s) for s in stride]
+    if any(s < 0 for s in size):
+        raise RuntimeError(f"Trying to create tensor with negative dimension: {size}")
+    if math.prod(size) == 0:
+        layout = None
+    elif layout is None:
+        layout = layout_for(size, stride, dtype)
+    base = new_storage_tensor(card, dtype, layout)
+    return storage.set_view(base, base.untyped_storage(), 0, size, stride)
+
+
+# --- reading and writing through the layout ----------------------------------------------------
+def _host_indices(t: torch.Tensor) -> np.ndarray:
+    idx = np.array(t.storage_offset(), dtype=np.int64)
+    for size, stride in zip(t.shape, t.stride()):
+        idx = idx[..., None] + np.arange(size, dtype=np.int64) * stride
+    return idx.reshape(-1)
+
+
+def _device_array(alloc: Allocation) -> np.ndarray:
+    layout: StickLayout = alloc.meta["layout"]
+    return alloc.view(layout.storage_dtype, 0, layout.device_numel)
+
+
+def _is_whole(t: torch.Tensor, layout: StickLayout) -> bool:
+    """True if ``t`` is exactly the storage's host element space in row-major order."""
+    return (t.storage_offset() == 0 and t.numel() == layout.numel and t.is_contiguous())
+
+
+def _image(alloc: Allocation) -> torch.Tensor:
+    """The storage's host-format image: all its elements, decoded, as a flat tensor of its host dtype."""
+    layout: StickLayout = alloc.meta["layout"]
+    return dtypes.decode(layout.unpack(_device_array(alloc)), alloc.meta["dtype"], alloc.meta["encoding"])
+
+
+def _store_image(alloc: Allocation, image: torch.Tensor) -> None:
+    layout: StickLayout = alloc.meta["layout"]
+    _device_array(alloc)[:] = layout.pack(dtypes.encode(image, alloc.meta["encoding"]))
+
+
+def _reinterpreted(image: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``t``'s view of a host-format image whose dtype differs from ``t``'s."""
+    raw = image.view(torch.uint8)
+    usable = raw.numel() - raw.numel() % t.element_size()
+    return raw[:usable].view(t.dtype).as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+@dataclass
+class Transfer:
+    """What a read or write moved: device bytes (whole sticks) touched."""
+
+    device_bytes: int
+
+
+def _touched_bytes(offsets: np.ndarray, layout: StickLayout) -> int:
+    return int(np.unique(offsets // layout.lanes).size) * 128
+
+
+def read(t: torch.Tensor) -> tuple[torch.Tensor, Transfer]:
+    """The values of spyre tensor ``t`` as a new contiguous CPU tensor (same shape and dtype)."""
+    alloc = storage.allocation_of(t)
+    if alloc is None or t.numel() == 0:
+        return torch.empty(t.shape, dtype=t.dtype), Transfer(0)
+    layout: StickLayout = alloc.meta["layout"]
+    if t.dtype != alloc.meta["dtype"]:
+        return _reinterpreted(_image(alloc), t).clone(), Transfer(layout.nbytes)
+    dev = _device_array(alloc)
+    if _is_whole(t, layout):
+        elems, moved = layout.unpack(dev), layout.nbytes
+    else:
+        offsets = layout.device_offsets(_host_indices(t))
+        elems, moved = dev[offsets], _touched_bytes(offsets, layout)
+    values = dtypes.decode(elems, t.dtype, alloc.meta["encoding"]).reshape(t.shape)
+    return values, Transfer(moved)
+
+
+def write(t: torch.Tensor, values: torch.Tensor) -> Transfer:
+    """Store CPU ``values`` (broadcastable to ``t``, any dtype) into spyre tensor ``t`` through its layout."""
+    alloc = storage.allocation_of(t)
+    if alloc is None or t.numel() == 0:
+        return Transfer(0)
+    layout: StickLayout = alloc.meta["layout"]
+    host = torch.empty(t.shape, dtype=t.dtype)
+    host.copy_(values)
+    if t.dtype != alloc.meta["dtype"]:
+        image = _image(alloc)
+        _reinterpreted(image, t).copy_(host)
+        _store_image(alloc, image)
+        return Transfer(layout.nbytes)
+    dev = _device_array(alloc)
+    encoded = dtypes.encode(host, alloc.meta["encoding"])
+    if _is_whole(t, layout):
+        dev[:] = layout.pack(encoded)
+        return Transfer(layout.nbytes)
+    offsets = layout.device_offsets(_host_indices(t))
+    dev[offsets] = encoded
+    return Transfer(_touched_bytes(offsets, layout))
+
+
+# --- public layout API -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TensorLayout:
+    """A device tensor's layout: its storage's stick layout plus how the tensor views that storage."""
+
+    stick_layout: StickLayout | None  # None for a tensor of no elements (nothing allocated)
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+    dtype: torch.dtype
+
+    @property
+    def device_size(self) -> tuple[int, ...]:
+        return self.stick_layout.device_size if self.stick_layout else ()
+
+    @property
+    def stride_map(self) -> tuple[int, ...]:
+        return self.stick_layout.stride_map if self.stick_layout else ()
+
+    @property
+    def padding(self) -> int:
+        return self.stick_layout.padding if self.stick_layout else 0
+
+    @property
+    def device_dtype(self) -> str:
+        return dtypes.device_dtype(self.dtype) if self.stick_layout is None else self.stick_layout.device_dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.stick_layout.nbytes if self.stick_layout else 0
+
+    @property
+    def is_whole(self) -> bool:
+        """True if the tensor is its whole storage in the layout's host order."""
+        if self.stick_layout is None:
+            return True
+        return (self.storage_offset == 0 and math.prod(self.size) == self.stick_layout.numel
+                and _dense_order(self.size, self.stride) is not None)
+
+    def __str__(self) -> str:
+        base = self.stick_layout.describe() if self.stick_layout else "no allocation"
+        return f"{base}; view size={list(self.size)} stride={list(self.stride)} offset={self.storage_offset}"
+
+
+def get_layout(t: torch.Tensor) -> TensorLayout:
+    """The stick layout of spyre tensor ``t``'s storage and ``t``'s view of it."""
+    if not isinstance(t, torch.Tensor) or t.device.type != "spyre":
+        raise TypeError(f"get_layout expects a tensor on a spyre device, got {type(t).__name__} on "
+                        f"{getattr(t, 'device', 'no device')}")
+    alloc = storage.allocation_of(t)
+    return TensorLayout(alloc.meta["layout"] if alloc else None, tuple(t.shape), tuple(t.stride()),
+                        t.storage_offset(), t.dtype)
+
+
+def to_spyre(t: torch.Tensor, device: torch.device | str | int | None = None, stick_dim: int = -1) -> torch.Tensor:
+    """Copy ``t`` to a spyre device with the host dimension ``stick_dim`` sticked (``x.to("spyre")`` sticks the last).
+
+    The result is contiguous on the host side; its storage's layout has host shape ``t.shape``.
+    """
+    card = cards.index_of(device if device is not None else
+                          (t.device if t.device.type == "spyre" else None))
+    ddt = dtypes.device_dtype(t.dtype)
+    shape = tuple(t.shape)
+    if t.numel() == 0:
+        layout = None
+    else:
+        layout = StickLayout(shape, stick_dim, ddt)
+    out = empty_strided(shape, contiguous_strides(shape), t.dtype, card, layout=layout)
+    out.copy_(t)
+    return out
+
+
+# --- storages restored by torch.load -------------------------------------------------------------
+def mark_untyped(base: torch.Tensor) -> None:
+    """Mark a byte storage whose dtype is not known yet (see ``serialization.py``)."""
+    storage.allocation_of(base).meta["untyped"] = True
+
+
+def adopt_dtype(t: torch.Tensor) -> None:
+    """If ``t``'s storage holds untyped bytes, re-encode it once for ``t``'s dtype (flat 1-D layout)."""
+    alloc = storage.allocation_of(t)
+    if alloc is None or not alloc.meta.get("untyped") or t.dtype == alloc.meta["dtype"]:
+        return
+    ddt = dtypes.device_dtype(t.dtype)
+    nbytes = t.untyped_storage().nbytes()
+    if nbytes % t.element_size():
+        return
+    raw = _image(alloc)
+    layout = StickLayout((nbytes // t.element_size(),), 0, ddt)
+    alloc.meta.update(layout=layout, dtype=t.dtype, encoding=dtypes.encoding_for(t.dtype), untyped=False)
+    _store_image(alloc, raw.view(t.dtype))
