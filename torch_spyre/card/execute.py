@@ -76,6 +76,15 @@ NP_DTYPES: dict[str, np.dtype] = {
 }
 FLOAT_DTYPES = frozenset({"dlfloat16", "float32"})
 
+# Every DLFloat16 code decoded once (256 KiB): decoding a tile is then one gather, several times
+# faster than the bit arithmetic of to_float32, and exactly the same values.
+_DL_DECODE = to_float32(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16))
+
+
+def decode_dlfloat16(bits: np.ndarray) -> np.ndarray:
+    """DLFloat16 bits (any shape, any strides) as fp32 values."""
+    return _DL_DECODE[bits]
+
 
 class ExecutionError(ProgramError):
     """A program that went wrong while running (the message names the core and the instruction)."""
@@ -195,7 +204,8 @@ class _Core:
     addrs: np.ndarray
     sp: np.ndarray
     written: np.ndarray
-    vc: np.ndarray  # vector clock: vc[id] is this core's epoch, the rest what it knows of others
+    vc: np.ndarray  # vector clock: vc[id] is this core's epoch (from 1), the rest what it knows of others
+    touched: np.ndarray  # per scratchpad stick: this core's epoch when it last accessed it (0: never)
     pc: int = 0
     segment: int | None = None  # index of the current vector-clock snapshot used by DMA records
     barrier_key: tuple | None = None  # the barrier instance this core has arrived at
@@ -359,7 +369,10 @@ class _Execution:
                     f"dma_addresses[{c}] has {len(addrs)} entries but core {c} has {len(instrs)} instructions; "
                     "give one device address per instruction (see resolve_addresses)"
                 )
-            self.cores[c] = _Core(c, instrs, addrs, *self.pads.get(c), vc=np.zeros(n, dtype=np.int64))
+            vc = np.zeros(n, dtype=np.int64)
+            vc[c] = 1  # epoch 0 means "nothing yet": what another core knows of this one before any sync
+            touched = np.zeros(-(-self.config.scratchpad_bytes // STICK_BYTES), dtype=np.int64)
+            self.cores[c] = _Core(c, instrs, addrs, *self.pads.get(c), vc=vc, touched=touched)
         self.active = [c for c, st in self.cores.items() if st.instrs]
         self.signals: dict[tuple[int, int, int], deque] = defaultdict(deque)  # (src, dst, tag)
         self.ring: dict[tuple[int, int, int], deque] = defaultdict(deque)  # (src, dst, tag)
@@ -448,10 +461,16 @@ class _Execution:
         """A numpy view of scratchpad tensor ``t`` (no copy)."""
         if t.dtype not in NP_DTYPES:
             raise self._fail(st, f"{what} has unknown dtype {t.dtype!r}")
-        self._check_span(st, *t.byte_span(), what)
+        lo, hi = t.byte_span()
+        self._check_span(st, lo, hi, what)
+        self._touch(st, lo, hi)
         isz = t.itemsize
         return np.ndarray(t.shape, NP_DTYPES[t.dtype], buffer=st.sp, offset=t.offset,
                           strides=tuple(s * isz for s in t.strides))
+
+    def _touch(self, st: _Core, lo: int, hi: int) -> None:
+        """Note that ``st`` accesses scratchpad bytes [lo, hi) now, for the ring's overwrite check."""
+        st.touched[lo // STICK_BYTES: -(-hi // STICK_BYTES)] = st.vc[st.id]
 
     def _mask_view(self, st: _Core, t: SpTensor) -> np.ndarray:
         isz = t.itemsize
@@ -478,7 +497,7 @@ class _Execution:
         view = self._view(st, t, what)
         self._require_written(st, self._mask_view(st, t), t.offset, what)
         if t.dtype == "dlfloat16":
-            return to_float32(view)
+            return decode_dlfloat16(view)
         if t.dtype == "float32" or t.dtype == "bool":
             return np.array(view)
         return view.astype(np.int64)
@@ -498,6 +517,8 @@ class _Execution:
         """The scratchpad side of a DMA as a (*shape, 128) byte view (of the data or the mask)."""
         lo, hi = pattern.span(pattern.sp_strides)
         self._check_span(st, offset + lo, offset + hi, "the DMA's scratchpad side")
+        if not mask:
+            self._touch(st, offset + lo, offset + hi)
         buf = st.written if mask else st.sp
         return np.ndarray((*pattern.shape, STICK_BYTES), buf.dtype, buffer=buf, offset=offset,
                           strides=(*pattern.sp_strides, 1))
@@ -571,6 +592,7 @@ class _Execution:
         row_bytes = ins.row_sticks * STICK_BYTES
         n = index.size
         self._check_span(st, ins.sp_offset, ins.sp_offset + n * row_bytes, "the gather destination")
+        self._touch(st, ins.sp_offset, ins.sp_offset + n * row_bytes)
         if n:
             address = int(st.addrs[st.pc])
             rows_hi = (ins.num_rows - 1) * ins.row_stride + row_bytes if ins.num_rows else 0
@@ -677,12 +699,14 @@ class _Execution:
         src = slice(ins.src_offset, ins.src_offset + ins.nbytes)
         dst = slice(ins.dst_offset, ins.dst_offset + ins.nbytes)
         self._require_written(st, st.written[src], ins.src_offset, "ring_send")
+        self._touch(st, src.start, src.stop)
         for t in self.in_flight[ins.dst_core]:
             if t.dst_offset < dst.stop and dst.start < t.dst_offset + t.nbytes:
                 raise self._fail(st, f"destination bytes [{dst.start}, {dst.stop}) of core {ins.dst_core} overlap a "
                                      f"transfer still in flight from core {t.src_core} (instruction {t.src_index}); "
                                      "the receiver must ring_recv it first")
         target = self.cores[ins.dst_core]
+        self._check_overwrite(st, target, dst)
         target.sp[dst] = st.sp[src]
         # Until the receiver's ring_recv, the bytes are in flight: not readable there.
         target.written[dst] = False
@@ -691,6 +715,17 @@ class _Execution:
         self.ring[(st.id, ins.dst_core, ins.tag)].append(transfer)
         self.stats._add(self.stats.ring_bytes, st.id, ins.nbytes)
         return True
+
+    def _check_overwrite(self, st: _Core, target: _Core, dst: slice) -> None:
+        """The receiver's earlier uses of the destination bytes must happen before this send lands, or
+        the data could arrive while the receiver still reads or writes them (whatever order this
+        simulation happened to run the cores in)."""
+        sticks = target.touched[dst.start // STICK_BYTES: -(-dst.stop // STICK_BYTES)]
+        last = int(sticks.max()) if sticks.size else 0
+        if last > st.vc[target.id]:
+            raise self._fail(st, f"core {target.id} uses scratchpad bytes [{dst.start}, {dst.stop}) with nothing "
+                                 f"ordering that before this ring_send overwrites them; have core {target.id} "
+                                 "signal this core when the buffer is free, and wait for that before sending")
 
     def _ring_recv(self, st: _Core, ins: RingRecv) -> bool:
         q = self.ring.get((ins.src_core, st.id, ins.tag))
@@ -797,14 +832,14 @@ class _Execution:
             first.setdefault(key, (x, y))
         if first:
             x, y = first[min(first)]
-            self._race(acc[x], acc[y], sticks, ids)
+            self._race(acc[x], acc[y])
 
     def _ordered(self, a: _Access, b: _Access) -> bool:
         """Does access a happen before access b?"""
         core_a, epoch_a, _ = self.segments[a.segment]
         return epoch_a <= self.segments[b.segment][2][core_a]
 
-    def _race(self, a: _Access, b: _Access, sticks: np.ndarray, ids: np.ndarray) -> None:
+    def _race(self, a: _Access, b: _Access) -> None:
         if (b.core, b.index) < (a.core, a.index):
             a, b = b, a
         shared = np.intersect1d(a.sticks, b.sticks)
