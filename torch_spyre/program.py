@@ -390,8 +390,9 @@ class Program:
                 for idx, d in enumerate(ins):
                     try:
                         cores[core].append(_decode(d))
-                    except ProgramError:
-                        raise
+                    except ProgramError as e:
+                        # Say where in the file the bad instruction is.
+                        raise ProgramError(str(e), core, idx) from None
                     except Exception as e:  # noqa: BLE001
                         raise ProgramError(f"cannot decode instruction: {e}", core, idx) from None
             return cls(str(data["name"]), operands, cores, dict(data.get("metadata", {})))

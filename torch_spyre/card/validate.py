@@ -275,7 +275,7 @@ def _check_span(core: int, touched: dict[str, list[int]], limit: int) -> None:
     if total > limit:
         biggest = ", ".join(f"%{n}: {b} bytes" for n, b in sorted(spans.items(), key=lambda kv: -kv[1])[:4])
         raise ProgramError(
-            f"core {core} touches {total} bytes of device memory ({biggest}), more than the "
+            f"this core touches {total} bytes of device memory ({biggest}), more than the "
             f"{limit} bytes one core can address in a kernel (config.core_address_span_bytes); "
             "split the work over more cores or kernels", core)
 
