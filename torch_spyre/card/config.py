@@ -100,6 +100,25 @@ class CardConfig(BaseModel):
         32, "separate 32 B/cycle ring for partial-sum reduction across cores", "community", "bytes/cycle", ge=1
     )
 
+    memory_ring_stop: int = _figure(
+        0, "ring stop the memory interface shares (the memory interface is a node on the ring; which "
+        "stop is not published). DRAM traffic of core c crosses the shortest-direction links between "
+        "this stop and c", "assumed", "ring stop", ge=0,
+    )
+
+    # --- DMA engine (one per core) --------------------------------------------------------------
+    dma_bytes_per_cycle: int = _figure(
+        128, "one DMA engine per core moving one 128-byte stick per cycle, the width of the core's ring "
+        "stop (no public figure). The softmax pair (32.51 vs 23.67 us for 8 vs 2 MiB of traffic) would "
+        "imply about 712 GB/s for one core, above the LPDDR5 peak: see docs/calibration.md",
+        "assumed", "bytes/cycle", ge=1,
+    )
+    dram_run_overhead_bytes: int = _figure(
+        128, "DRAM time lost at each discontinuity of a DMA pattern (a new row/bank burst), as an "
+        "equivalent number of bytes: an isolated stick gets half the efficiency of a long burst "
+        "(no public figure)", "assumed", "bytes/run", ge=0,
+    )
+
     # --- device memory (LPDDR5) -----------------------------------------------------------------
     dram_capacity_bytes: int = _figure(
         128 * GiB, "up to 128 GB LPDDR5 per card (about 112 GB usable after ECC per one community note)",
@@ -154,6 +173,10 @@ class CardConfig(BaseModel):
         for name in ("scratchpad_bytes", "scratchpad_plannable_bytes", "dram_capacity_bytes"):
             if getattr(self, name) % self.stick_bytes:
                 raise ValueError(f"{name} must be a whole number of {self.stick_bytes}-byte sticks")
+        if self.memory_ring_stop >= self.num_cores:
+            raise ValueError(
+                f"memory_ring_stop ({self.memory_ring_stop}) must be a ring stop of a core (< num_cores {self.num_cores})"
+            )
         if self.stick_bytes != 128:
             raise ValueError("stick_bytes is fixed at 128 by the hardware (sticks of 64 fp16 values)")
         return self
