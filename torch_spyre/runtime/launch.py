@@ -30,7 +30,10 @@ from typing import Any, Mapping, Union
 
 import numpy as np
 
+from ..card.execute import execute
 from ..card.memory import Allocation, InvalidAddressError
+from ..card.timing import time_program
+from ..card.validate import validate
 from ..program import DmaGather, DmaLoad, DmaStore, Program
 from . import stream as _stream
 
@@ -107,7 +110,7 @@ class PreparedProgram:
     @property
     def duration(self) -> float:
         """Simulated seconds one launch occupies the card's cores."""
-        return float(self.timing.total)
+        return float(self.timing.total_s)
 
     def __repr__(self) -> str:
         return (f"<PreparedProgram {self.name!r} on spyre:{self.card.index}: {len(self.operand_names)} operands, "
@@ -116,9 +119,6 @@ class PreparedProgram:
 
 def prepare(program: Program, card: Any) -> PreparedProgram:
     """Validate, time and index ``program`` for ``card``; the result can be launched many times."""
-    from ..card.timing import time_program
-    from ..card.validate import validate
-
     validate(program, card.config)
     timing = time_program(program, card.config)
     names = tuple(o.name for o in program.operands)
@@ -185,12 +185,11 @@ def _kernel_details(program: Program, timing: Any) -> dict[str, Any]:
     """What every launch of this program tells stream listeners (the profiler), computed once."""
     return {
         "program": program.name,
-        "program_ir": program,  # lets the profiler name each interval by its instruction
         "timing": timing,
         "flops": float(timing.flops),
         "bytes": dict(timing.bytes),
-        "dram_bytes": float(timing.bytes.get("dram", 0)),
-        "roofline_bound": float(timing.roofline_bound),
+        "dram_bytes": float(timing.bytes["dram_read"] + timing.bytes["dram_write"]),
+        "roofline_bound": float(timing.roofline_s),
         "roofline_fraction": float(timing.roofline_fraction),
         "bottleneck": timing.bottleneck,
         "cores": len(program.cores),
@@ -224,7 +223,7 @@ class LaunchRecord:
     @property
     def busy(self) -> dict[int, dict[str, float]]:
         """Per core, per engine: simulated seconds the engine was busy."""
-        return self.timing.busy
+        return self.timing.busy_s
 
     @property
     def utilization(self) -> dict[int, dict[str, float]]:
@@ -232,8 +231,8 @@ class LaunchRecord:
         return self.timing.utilization
 
     @property
-    def bytes(self) -> dict[str, float]:
-        """Bytes moved at each level of the memory hierarchy (DRAM, ring, scratchpad...)."""
+    def bytes(self) -> dict[str, int]:
+        """Bytes moved at each level: dram_read, dram_write, ring, reduce_ring, sp_read, sp_write."""
         return self.timing.bytes
 
     @property
@@ -242,8 +241,8 @@ class LaunchRecord:
 
     @property
     def roofline_bound(self) -> float:
-        """The least time the roofline allows for this work (seconds)."""
-        return self.timing.roofline_bound
+        """The least time the roofline allows for this work, fixed cost included (seconds)."""
+        return self.timing.roofline_s
 
     @property
     def roofline_fraction(self) -> float:
@@ -270,8 +269,6 @@ def launch(prepared: PreparedProgram, bindings: Mapping[str, Binding], stream: _
     Results are in device memory when this returns; the returned record says when, in simulated device
     time, the card ran the program. A bad binding raises :class:`BindingError` and changes nothing.
     """
-    from ..card.execute import execute
-
     card = prepared.card
     stream = _resolve_stream(prepared, stream)
     bases = resolve_bindings(prepared, bindings)  # step 1: every check happens here
@@ -323,31 +320,43 @@ def _check_operand_names(prepared: PreparedProgram, bindings: Mapping[str, Bindi
 
 def _resolve_one(prepared: PreparedProgram, name: str, need: int, value: Binding) -> int:
     """The device address ``value`` stands for, after checking it can hold operand ``name``."""
-    memory, card = prepared.card.memory, prepared.card.index
     address, nbytes, alloc = _as_region(prepared, name, value)
-    fail = lambda msg: BindingError(prepared.name, name, msg)  # noqa: E731
+    card = prepared.card.index
     if isinstance(value, DeviceBuffer) and value.card is not None and value.card != card:
-        raise fail(f"the buffer is on spyre:{value.card} but the program was prepared for spyre:{card}; "
-                   f"copy the data to spyre:{card} or prepare the program for spyre:{value.card}")
+        raise BindingError(prepared.name, name,
+                           f"the buffer is on spyre:{value.card} but the program was prepared for spyre:{card}; "
+                           f"copy the data to spyre:{card} or prepare the program for spyre:{value.card}")
     if address % STICK_BYTES:
-        raise fail(f"device address {address:#x} is not {STICK_BYTES}-byte aligned; DMA moves whole sticks, "
-                   f"so bind the start of a stick (e.g. the allocation itself)")
+        raise BindingError(prepared.name, name,
+                           f"device address {address:#x} is not {STICK_BYTES}-byte aligned; DMA moves whole "
+                           f"sticks, so bind the start of a stick (e.g. the allocation itself)")
     if nbytes < need:
-        raise fail(f"needs {need} bytes but the buffer bound to it has {nbytes}; allocate at least {need} bytes")
-    try:
-        found, offset = memory.find(address)
-    except InvalidAddressError:
-        raise fail(f"device address {address:#x} is not live memory on spyre:{card} (freed, never allocated, "
-                   f"or another card's); bind an allocation that is alive on spyre:{card}") from None
-    if alloc is not None and found is not alloc:
-        # Same address, different block: the caller's allocation was freed (and the address reused) or
-        # it belongs to another card whose address range overlaps this one's.
-        raise fail(f"the allocation at {address:#x} is no longer live on spyre:{card} (it was freed, or it "
-                   f"belongs to another card); bind an allocation that is alive on spyre:{card}")
-    if offset + need > found.nbytes:
-        raise fail(f"needs {need} bytes from {address:#x}, but the live allocation there "
-                   f"[{found.address:#x}, {found.end:#x}) ends {offset + need - found.nbytes} bytes too soon")
+        raise BindingError(prepared.name, name,
+                           f"needs {need} bytes but the buffer bound to it has {nbytes}; allocate at least {need} bytes")
+    _check_live(prepared, name, address, need, alloc)
     return address
+
+
+def _check_live(prepared: PreparedProgram, name: str, address: int, need: int, alloc: Allocation | None) -> None:
+    """``need`` bytes from ``address`` must lie inside one live allocation of the program's card (and be
+    ``alloc`` itself when the caller passed an Allocation)."""
+    card = prepared.card.index
+    try:
+        found, offset = prepared.card.memory.find(address)
+    except InvalidAddressError:
+        raise BindingError(prepared.name, name,
+                           f"device address {address:#x} is not live memory on spyre:{card} (freed, never "
+                           f"allocated, or another card's); bind an allocation that is alive on spyre:{card}") from None
+    if alloc is not None and found is not alloc:
+        # Same address, different block: the caller's allocation belongs to another card whose address
+        # range overlaps this one's (or it was freed and its range handed out again).
+        raise BindingError(prepared.name, name,
+                           f"the allocation at {address:#x} is no longer live on spyre:{card} (it belongs to "
+                           f"another card, or it was freed); bind an allocation that is alive on spyre:{card}")
+    if offset + need > found.nbytes:
+        raise BindingError(prepared.name, name,
+                           f"needs {need} bytes from {address:#x}, but the live allocation there "
+                           f"[{found.address:#x}, {found.end:#x}) ends {offset + need - found.nbytes} bytes too soon")
 
 
 def _as_region(prepared: PreparedProgram, name: str, value: Binding) -> tuple[int, int, Allocation | None]:

@@ -20,7 +20,7 @@ import json
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 from . import stream as _stream
 
@@ -45,7 +45,7 @@ class EngineInterval:
     end: float
     program: str
     index: int  # instruction index within the core
-    op: str  # the instruction's op (e.g. "matmul"), if the program travelled with the record
+    op: str  # the instruction's op, e.g. "matmul"
 
 
 def kernel_intervals(rec: _stream.WorkRecord) -> Iterator[EngineInterval]:
@@ -53,28 +53,10 @@ def kernel_intervals(rec: _stream.WorkRecord) -> Iterator[EngineInterval]:
     timing = rec.details.get("timing")
     if timing is None:
         return
-    program = rec.details.get("program_ir")
     name = rec.details.get("program", rec.name)
-    for core, index, engine, start, end in _timing_intervals(timing):
-        yield EngineInterval(rec.card, core, engine, rec.start + start, rec.start + end, name, index,
-                             _op_name(program, core, index, engine))
-
-
-def _timing_intervals(timing: Any) -> Iterable[tuple[int, int, str, float, float]]:
-    """ProgramTiming.intervals as plain (core, index, engine, start, end) tuples."""
     for iv in timing.intervals:
-        if isinstance(iv, tuple):
-            core, index, engine, start, end = iv[:5]
-        else:
-            core, index, engine, start, end = iv.core, iv.index, iv.engine, iv.start, iv.end
-        yield int(core), int(index), str(engine), float(start), float(end)
-
-
-def _op_name(program: Any, core: int, index: int, engine: str) -> str:
-    try:
-        return program.cores[core][index].OP
-    except (AttributeError, KeyError, IndexError, TypeError):
-        return engine
+        yield EngineInterval(rec.card, iv.core, iv.engine, rec.start + iv.start, rec.start + iv.end, name, iv.index,
+                             iv.op)
 
 
 # ---------------------------------------------------------------------------------------------
