@@ -28,6 +28,10 @@ __all__ = ["register", *_LAZY]
 
 def register() -> None:
     """Register the ``spyre`` device with PyTorch (idempotent)."""
+    # torch first: if torch is not imported yet, its own import runs the autoload entry point, which
+    # calls this function again (re-entrantly) and registers the device before we get here.
+    import torch  # noqa: F401
+
     from .device.registration import register as _register
 
     _register()

@@ -5,8 +5,8 @@ Every ATen op without a spyre kernel reaches :func:`run` (a catch-all PrivateUse
 1. check the arguments: all device tensors on one card, CPU tensors only as 0-d scalars (as CUDA allows);
 2. view ops (a return that aliases an argument without writing it) are pure metadata: the op runs on
    meta tensors of the same geometry and the result is a view of the same device storage;
-3. other ops: inputs are read through their layouts into CPU tensors of their host dtype, the CPU kernel
-   runs, mutated arguments (schema ``alias_info.is_write``: in-place ``self``, ``out=``) are written back
+3. other ops: inputs are read through their layouts into CPU tensors of their host dtype (``out=``
+   arguments are not read: they get empty host temporaries), the CPU kernel runs, mutated arguments (schema ``alias_info.is_write``: in-place ``self``, ``out=``) are written back
    through their views, and fresh results are stored on the card in its default layout;
 4. the op takes simulated time on the current stream's ``compute`` resource:
 
@@ -188,12 +188,24 @@ def run(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
             nbytes += moved.device_bytes
         return hosts[id(x)]
 
+    # out= arguments are only written: a host temporary of the same geometry, without reading the device.
+    # (Unless an input shares its storage, as in ``x.add_(y)`` which runs ``add.out(x, y, out=x)``.)
+    bound = _bound_args(op, args, kwargs)
+    input_storages = {
+        t.untyped_storage().data_ptr()
+        for a, v in zip(schema.arguments, bound) if not a.is_out
+        for t in tree_flatten(v)[0] if _is_spyre(t)
+    }
+    for a, v in zip(schema.arguments, bound):
+        if a.is_out:
+            for t in tree_flatten(v)[0]:
+                if _is_spyre(t) and t.untyped_storage().data_ptr() not in input_storages:
+                    hosts[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
     host_args, host_kwargs = tree_map(to_host, (args, kwargs))
     host_args, host_kwargs = _inject_generator(op, host_args, host_kwargs, card)
     host_out = op(*host_args, **host_kwargs)
 
     # Write mutated arguments back through their views.
-    bound = _bound_args(op, args, kwargs)
     host_bound = _bound_args(op, host_args, host_kwargs)
     for a, dev, host in zip(schema.arguments, bound, host_bound):
         if a.alias_info is None or not a.alias_info.is_write:

@@ -27,6 +27,24 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
     return tensor.empty_strided(size, stride, dtype or torch.get_default_dtype(), _card(device))
 
 
+def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    """``aten::_to_copy`` from a spyre tensor.
+
+    torch's composite kernel allocates the CPU destination of a ``non_blocking`` device-to-host copy in
+    pinned memory, which a Python backend cannot provide; the card's host buffers need no pinning.
+    """
+    dtype = dtype or self.dtype
+    device = torch.device(device) if device is not None else self.device
+    memory_format = memory_format or torch.preserve_format
+    if memory_format == torch.preserve_format and tensor.is_dense(self.shape, self.stride()):
+        out = torch.empty_strided(self.shape, self.stride(), dtype=dtype, device=device)
+    else:
+        fmt = torch.contiguous_format if memory_format == torch.preserve_format else memory_format
+        out = torch.empty(self.shape, dtype=dtype, device=device, memory_format=fmt)
+    out.copy_(self, non_blocking=non_blocking)
+    return out
+
+
 def copy_from(self, dst, non_blocking=False):
     return copy.copy_from(self, dst, non_blocking)
 
@@ -89,6 +107,7 @@ def view_dtype(self, dtype):
 KERNELS: dict[str, object] = {
     "empty.memory_format": empty_memory_format,
     "empty_strided": empty_strided,
+    "_to_copy": to_copy,
     "_copy_from": copy_from,
     "_copy_from_and_resize": copy_from_and_resize,
     "resize_": resize_,

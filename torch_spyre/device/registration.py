@@ -60,7 +60,7 @@ def _fallback(op, *args, **kwargs):
 
 
 KERNEL_NAMES = (
-    "empty.memory_format", "empty_strided", "_copy_from", "_copy_from_and_resize", "resize_",
+    "empty.memory_format", "empty_strided", "_to_copy", "_copy_from", "_copy_from_and_resize", "resize_",
     "set_.source_Storage", "set_.source_Storage_storage_offset", "set_.source_Tensor", "set_", "view.dtype",
 )
 # Ops whose CPU kernels only edit sizes/strides/offset of a tensor sharing the storage.

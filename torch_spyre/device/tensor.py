@@ -41,6 +41,11 @@ def _dense_order(size: Sequence[int], stride: Sequence[int]) -> list[int] | None
     return order
 
 
+def is_dense(size: Sequence[int], stride: Sequence[int]) -> bool:
+    """True if the geometry covers a block of memory exactly once (any dim order)."""
+    return _dense_order(size, stride) is not None
+
+
 def layout_for(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> StickLayout:
     """The default layout of a new storage for a tensor of ``size``/``stride``.
 

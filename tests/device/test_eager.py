@@ -1,0 +1,139 @@
+"""Eager ops on spyre tensors, compared with the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_spyre
+
+
+def s(x: torch.Tensor) -> torch.Tensor:
+    return x.to("spyre")
+
+
+def test_pointwise_reduction_and_matmul_match_cpu():
+    a, b = torch.randn(7, 33), torch.randn(33, 5)
+    assert torch.allclose((s(a) @ s(b)).cpu(), a @ b, atol=1e-5)
+    assert torch.allclose(s(a).softmax(-1).cpu(), a.softmax(-1), atol=1e-6)
+    assert torch.equal(s(a).argmax(1).cpu(), a.argmax(1))
+    assert torch.allclose(torch.nn.functional.gelu(s(a)).cpu(), torch.nn.functional.gelu(a))
+    assert torch.equal(torch.cat([s(a), s(a)], 0).cpu(), torch.cat([a, a], 0))
+    assert torch.equal(s(a).sort(dim=1).values.cpu(), a.sort(dim=1).values)
+
+
+def test_views_share_storage_and_in_place_writes_go_through_them():
+    x = torch.arange(20.0).reshape(4, 5)
+    d = s(x)
+    d.t()[1].mul_(100)  # column 1 through a transposed view
+    d.diagonal().zero_()
+    d.select(0, 3).add_(1)
+    x.t()[1].mul_(100)
+    x.diagonal().zero_()
+    x.select(0, 3).add_(1)
+    assert torch.equal(d.cpu(), x)
+    parts = d.split(2)
+    parts[1][0, 0] = -5.0
+    assert d[2, 0].item() == -5.0
+    assert d.view(-1)[10].item() == -5.0
+    assert d.unsqueeze(0).expand(3, 4, 5)[2, 2, 0].item() == -5.0
+
+
+def test_in_place_returns_self_and_out_variants():
+    x = s(torch.ones(3))
+    y = x.add_(2)
+    assert y is x and x.cpu().tolist() == [3.0, 3.0, 3.0]
+    out = torch.empty(3, device="spyre")
+    r = torch.mul(x, 2, out=out)
+    assert r is out and out.cpu().tolist() == [6.0, 6.0, 6.0]
+    small = torch.empty(0, device="spyre")
+    torch.add(x, x, out=small)  # out= resizes
+    assert small.shape == (3,) and small.cpu().tolist() == [6.0, 6.0, 6.0]
+    values, indices = torch.empty(0, device="spyre"), torch.empty(0, dtype=torch.long, device="spyre")
+    torch.max(s(torch.tensor([[1.0, 5.0], [7.0, 2.0]])), 1, out=(values, indices))
+    assert values.cpu().tolist() == [5.0, 7.0] and indices.cpu().tolist() == [1, 0]
+
+
+def test_autograd_grads_on_spyre_and_optimizer_step():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 3))
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 3))
+    ref.load_state_dict(model.state_dict())
+    model.to("spyre")
+    assert all(type(p) is torch.nn.Parameter and p.device.type == "spyre" for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    x, target = torch.randn(8, 6), torch.randint(0, 3, (8,))
+    for _ in range(2):
+        for m, o, dev in ((model, opt, "spyre"), (ref, ref_opt, "cpu")):
+            o.zero_grad()
+            loss = torch.nn.functional.cross_entropy(m(x.to(dev)), target.to(dev))
+            loss.backward()
+            o.step()
+    assert model[0].weight.grad.device.type == "spyre"
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.allclose(p.detach().cpu(), q.detach(), atol=1e-5)
+
+
+def test_no_grad_and_inference_mode():
+    w = s(torch.randn(3, 3)).requires_grad_()
+    with torch.no_grad():
+        assert not (w * 2).requires_grad
+    with torch.inference_mode():
+        y = w @ w
+        assert y.is_inference() and y.device.type == "spyre"
+
+
+def test_print_item_tolist():
+    t = s(torch.tensor([[1.5, -2.0], [3.25, 4.0]]))
+    text = str(t)
+    assert "device='spyre:0'" in text and "3.2500" in text
+    assert t[1, 0].item() == 3.25
+    assert t.tolist() == [[1.5, -2.0], [3.25, 4.0]]
+    h = s(torch.tensor([1.0, 2.0], dtype=torch.float16))
+    assert "dtype=torch.float16" in str(h)
+    assert "device='spyre:0'" in repr(torch.zeros(100, 100, device="spyre"))  # summarized printing
+
+
+def test_factories_and_random_ops_on_spyre():
+    torch.spyre.manual_seed(123)
+    a = torch.randn(4, 4, device="spyre")
+    torch.spyre.manual_seed(123)
+    b = torch.randn(4, 4, device="spyre")
+    assert torch.equal(a.cpu(), b.cpu())
+    assert torch.arange(5, device="spyre").cpu().tolist() == [0, 1, 2, 3, 4]
+    assert torch.full((2,), 7, dtype=torch.int32, device="spyre").cpu().tolist() == [7, 7]
+    assert torch.eye(3, device="spyre").sum().item() == 3.0
+
+
+def test_integer_and_bool_dtypes():
+    x = torch.tensor([1, -2, 3], dtype=torch.int64)
+    assert torch.equal((s(x) * 3).cpu(), x * 3)
+    assert torch.equal((s(x) > 0).cpu(), x > 0)
+    assert torch.equal(s(torch.tensor([200], dtype=torch.uint8)).cpu(), torch.tensor([200], dtype=torch.uint8))
+
+
+def test_fallback_stats_name_the_ops_and_count_them():
+    x = s(torch.ones(4))
+    torch_spyre.reset_fallback_stats()
+    x + x
+    x + x
+    torch.relu(x)
+    stats = torch_spyre.fallback_stats()
+    assert stats["add.out"] == 2 or stats.get("add.Tensor") == 2
+    assert stats["relu"] == 1
+    stats.reset()
+    assert torch_spyre.fallback_stats() == {}
+
+
+def test_half_precision_ops_run_on_dlfloat16_values():
+    x = torch.tensor([1 + 2**-10], dtype=torch.float16)  # not representable in DLFloat16
+    assert (s(x) * 1).cpu().item() == 1 + 2**-9
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_module_in_half_precision(dtype):
+    lin = torch.nn.Linear(8, 4).to(dtype)
+    x = torch.randn(2, 8, dtype=dtype)
+    out = lin.to("spyre")(x.to("spyre")).cpu()
+    assert out.dtype == dtype and torch.allclose(out.float(), lin.cpu()(x).float(), atol=0.05, rtol=0.05)
