@@ -105,7 +105,8 @@ class ProgramTiming:
     pe_flops: int
     compute_bound_s: float  # the work at peak rate on the cores the program uses
     dram_bound_s: float  # DRAM bytes at the read/write bandwidths
-    ring_link_busiest_s: float  # bytes over the busiest ring link at link bandwidth
+    dram_busy_s: float  # seconds of fully used DRAM time, turnaround and strided-burst penalties included
+    ring_link_busiest_s: float  # seconds of fully used time of the busiest ring link
     bottleneck: str
     config: CardConfig = field(repr=False)
 
@@ -140,7 +141,8 @@ class ProgramTiming:
             f"program {self.program_name}: {self.total_s * us:.2f} us "
             f"(fixed {self.fixed_cost_s * us:.2f} us + execution {self.execution_s * us:.2f} us), {self.bottleneck}",
             f"  roofline {self.roofline_s * us:.2f} us (compute {self.compute_bound_s * us:.2f} us, "
-            f"DRAM {self.dram_bound_s * us:.2f} us), achieved {100 * self.roofline_fraction:.1f} % of it",
+            f"DRAM {self.dram_bound_s * us:.2f} us), achieved {100 * self.roofline_fraction:.1f} % of it; "
+            f"DRAM fully used {self.dram_busy_s * us:.2f} us, busiest ring link {self.ring_link_busiest_s * us:.2f} us",
             f"  bytes: DRAM read {self.bytes['dram_read']:,}, DRAM write {self.bytes['dram_write']:,}, "
             f"ring {self.bytes['ring']:,}, reduce ring {self.bytes['reduce_ring']:,}, "
             f"scratchpad read {self.bytes['sp_read']:,}, write {self.bytes['sp_write']:,}",
@@ -565,11 +567,21 @@ class _Sharing:
         self.t_turn = max(0.0, 2.0 / mixed - self.t_read - self.t_write)
         self.cache: dict[tuple, dict[tuple, float]] = {}
 
-    def rates(self, classes: dict[tuple, int]) -> dict[tuple, float]:
+    def rates(self, classes: dict[tuple, int]) -> tuple[dict[tuple, float], dict[Any, float]]:
+        """Rate per flow class, and the fraction of each resource's capacity those rates use."""
         key = tuple(sorted(classes.items()))
         if key not in self.cache:
-            self.cache[key] = self._fill(classes)
+            uses = self._uses(classes)
+            rate = self._fill(classes, uses)
+            self.cache[key] = (rate, self._occupancy(classes, uses, rate))
         return self.cache[key]
+
+    def _occupancy(self, classes: dict[tuple, int], uses: dict, rate: dict[tuple, float]) -> dict[Any, float]:
+        busy: dict[Any, float] = defaultdict(float)
+        for sig, count in classes.items():
+            for r, w in uses[sig]:
+                busy[r] += count * rate[sig] * w / self._capacity(r)
+        return dict(busy)
 
     def _dram_weights(self, classes: dict[tuple, int]) -> dict[str, float]:
         """DRAM seconds per byte for a read and a write, given the mix of active DRAM flows."""
@@ -596,8 +608,7 @@ class _Sharing:
             return 1.0  # DRAM time: one second per second
         return self.reduce_link_bw if resource[0] == "reduce" else self.link_bw
 
-    def _fill(self, classes: dict[tuple, int]) -> dict[tuple, float]:
-        uses = self._uses(classes)
+    def _fill(self, classes: dict[tuple, int], uses: dict[tuple, list[tuple[Any, float]]]) -> dict[tuple, float]:
         left = {r: self._capacity(r) for use in uses.values() for r, _ in use}
         rate = {sig: 0.0 for sig in classes}
         active = dict(classes)
@@ -637,6 +648,8 @@ class _Simulation:
         self.seq = 0
         self.flows: dict[int, list[float]] = {}  # node -> [bytes left, rate]
         self.flows_changed = False
+        self.occupancy: dict[Any, float] = {}  # resource -> fraction of its capacity in use now
+        self.busy: dict[Any, float] = defaultdict(float)  # resource -> seconds of full use so far
         self.now = 0.0
 
     def run(self) -> None:
@@ -675,6 +688,8 @@ class _Simulation:
         dt = t - self.now
         for f in self.flows.values():
             f[0] -= f[1] * dt
+        for r, fraction in self.occupancy.items():
+            self.busy[r] += fraction * dt
         self.now = t
 
     def _fire_timers(self) -> None:
@@ -708,7 +723,7 @@ class _Simulation:
         classes: dict[tuple, int] = defaultdict(int)
         for nid in self.flows:
             classes[self.g.nodes[nid].flow.signature()] += 1  # type: ignore[union-attr]
-        rates = self.sharing.rates(classes)
+        rates, self.occupancy = self.sharing.rates(classes)
         for nid, f in self.flows.items():
             f[1] = rates[self.g.nodes[nid].flow.signature()]  # type: ignore[union-attr]
         self.flows_changed = False
@@ -790,17 +805,6 @@ def _dram_bound(moved: dict[str, int], config: CardConfig) -> float:
     return moved["dram_read"] / config.dram_read_bandwidth + moved["dram_write"] / config.dram_write_bandwidth
 
 
-def _busiest_link_s(graph: _Graph, config: CardConfig) -> float:
-    per_link: dict[Any, float] = defaultdict(float)
-    reduce_bw = config.reduction_ring_bytes_per_cycle * config.clock_hz * config.ring_efficiency
-    for node in graph.nodes:
-        if node.flow is not None:
-            for link in node.flow.links:
-                bw = reduce_bw if link[0] == "reduce" else config.ring_link_bandwidth
-                per_link[link] += node.flow.nbytes / bw
-    return max(per_link.values(), default=0.0)
-
-
 def _busiest_dma_channel_s(graph: _Graph, config: CardConfig) -> float:
     """Bytes of the busiest DMA channel (one core's reads or writes) at the DMA engine's rate."""
     per_channel: dict[tuple[int, Any], float] = defaultdict(float)
@@ -811,12 +815,12 @@ def _busiest_dma_channel_s(graph: _Graph, config: CardConfig) -> float:
 
 
 def _verdict(total: float, fixed: float, bounds: dict[str, float]) -> str:
-    """Name what limits the kernel: the bound that fills most of the execution time, if any fills half."""
+    """Name what limits the kernel: of the busiest engine, the DRAM and the busiest ring link (seconds of
+    full use each), the one that fills most of the execution time, if it fills at least half of it."""
     if total <= 0 or fixed >= 0.5 * total:
         return "fixed-cost-bound"
     execution = total - fixed
-    candidates = bounds
-    name, bound = max(candidates.items(), key=lambda kv: kv[1])
+    name, bound = max(bounds.items(), key=lambda kv: kv[1])
     return name if bound >= 0.5 * execution else "latency/dependency-bound"
 
 
@@ -843,15 +847,14 @@ def time_program(program: Program, config: CardConfig) -> ProgramTiming:
     flops, pe_flops = _flops(graph)
     compute_s = _compute_bound(graph, config, pe_flops)
     dram_s = _dram_bound(moved, config)
-    ring_s = _busiest_link_s(graph, config)
+    dram_busy = sim.busy.get("dram", 0.0)
+    ring_s = max((b for r, b in sim.busy.items() if r != "dram"), default=0.0)
     total = fixed + makespan
-    pe_busy = max((b["pe"] for b in busy.values()), default=0.0)
-    vec_busy = max((b["vector"] for b in busy.values()), default=0.0)
-    pe_share = pe_busy / (pe_busy + vec_busy) if pe_busy + vec_busy > 0 else 0.0
     bounds = {
-        "dram-bound": dram_s,
+        "dram-bound": dram_busy,
         "dma-engine-bound": _busiest_dma_channel_s(graph, config),
-        ("compute-bound" if pe_share >= 0.5 else "vector-bound"): compute_s,
+        "compute-bound": max((b["pe"] for b in busy.values()), default=0.0),
+        "vector-bound": max((b["vector"] for b in busy.values()), default=0.0),
         "ring-bound": ring_s,
     }
     return ProgramTiming(
@@ -865,6 +868,7 @@ def time_program(program: Program, config: CardConfig) -> ProgramTiming:
         pe_flops=pe_flops,
         compute_bound_s=compute_s,
         dram_bound_s=dram_s,
+        dram_busy_s=dram_busy,
         ring_link_busiest_s=ring_s,
         bottleneck=_verdict(total, fixed, bounds),
         config=config,
