@@ -18,7 +18,6 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from torch_spyre.card.config import CardConfig, MiB
 from torch_spyre.card.timing import ProgramTiming, time_program

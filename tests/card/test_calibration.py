@@ -43,7 +43,7 @@ def test_softmax_pair_is_inconsistent_with_lpddr5():
     assert implied.min_bandwidth_zero_fixed > CFG.dram_peak_bandwidth  # even with no fixed cost at all
 
 
-def test_softmax_scratchpad_planning_pays_off_and_is_not_memory_bound_by_accident(points):
+def test_softmax_round_trip_costs_more_and_the_vector_unit_is_one_limit(points):
     assert points["softmax_roundtrip"].model > points["softmax_scratchpad"].model
     assert points["softmax_scratchpad_fast_vector"].model < points["softmax_scratchpad"].model
 

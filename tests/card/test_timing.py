@@ -12,6 +12,7 @@ from torch_spyre.card.timing import time_program
 from torch_spyre.program import (
     Addr,
     Barrier,
+    DmaGather,
     DmaLoad,
     DmaPattern,
     DmaStore,
@@ -122,13 +123,30 @@ def test_vector_unit_fp32_takes_twice_fp16_and_transcendentals_cost_extra():
     assert exp == pytest.approx((1 + CFG.vector_transcendental_cycles) * fp16)
 
 
+def test_reduce_costs_its_input_sticks():
+    red = Reduce("sum", SpTensor(0, "float32", (64, 1)), SpTensor(4096, DL, (64, 1024)), axis=1)
+    t = time_program(prog({0: [red]}), CFG)
+    assert t.execution_s * CFG.clock_hz == pytest.approx(64 * 1024 / CFG.vector_fp16_per_cycle)
+    assert t.flops == 64 * 1024
+
+
+def test_gather_pays_a_burst_per_row():
+    rows, row_sticks = 256, 4
+    index = SpTensor(0, "int32", (rows,))
+    gather = DmaGather(Addr("x"), index, row_stride=4096, row_sticks=row_sticks, sp_offset=4096, num_rows=1000)
+    dense = load(0, 4096, rows * row_sticks)
+    cores = range(32)
+    t_gather = time_program(prog({c: [gather] for c in cores}), CFG).execution_s
+    t_dense = time_program(prog({c: [dense] for c in cores}), CFG).execution_s
+    overhead = 1 + CFG.dram_run_overhead_bytes / (row_sticks * STICK)
+    assert t_gather == pytest.approx(t_dense * overhead, rel=0.03)
+
+
 def test_broadcast_operand_does_not_set_the_vector_width():
-    n = 4096
     row = SpTensor(0, "float32", (64, 64), (1, 0))
     ins = Elementwise("sub", SpTensor(1024, DL, (64, 64)), (SpTensor(1024, DL, (64, 64)), row))
     plain = Elementwise("sub", SpTensor(1024, DL, (64, 64)), (SpTensor(1024, DL, (64, 64)), SpTensor(16384, DL, (64, 64))))
     assert time_program(prog({0: [ins]}), CFG).execution_s == time_program(prog({0: [plain]}), CFG).execution_s
-    assert n == 64 * 64
 
 
 # --- dependencies -----------------------------------------------------------------------------------

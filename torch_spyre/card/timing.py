@@ -5,13 +5,15 @@ computes it once per prepared program and reuses it. Every figure comes from :cl
 
 The model
 ---------
-*Engines.* Each core has a DMA engine, its PE arrays (``corelets_in_use`` of them, a MatMul is split
-across them), a vector unit and a ring port with one lane per direction. Instructions issue in program
-order and each engine runs its own instructions in order, asynchronously from the others.
+*Engines.* Each core has a DMA engine with a read and a write channel, its PE arrays (``corelets_in_use``
+of them, a MatMul is split across them), a vector unit and a ring port with one lane per direction.
+Instructions issue in program order and each engine runs its own instructions in order, asynchronously
+from the others.
 
 *Dependencies.* An instruction starts when its engine is free and every earlier instruction of the same
-core that touches overlapping scratchpad bytes in a conflicting way (RAW, WAR, WAW) has finished. That
-alone gives double-buffering overlap: a load into buffer B runs while the vector unit works on buffer A.
+core that touches overlapping scratchpad bytes in a conflicting way (RAW, WAR, WAW) has finished; DMA on
+overlapping bytes of one operand is ordered the same way (symbolically: operand and offset). That alone
+gives double-buffering overlap: a load into buffer B runs while the vector unit works on buffer A.
 Across cores: ``Wait`` starts after the matching ``Signal`` has travelled the ring; ``RingRecv`` after the
 matching ``RingSend`` has delivered its bytes (and later readers of those bytes depend on the RingRecv);
 ``Barrier`` releases its group once every member has arrived. ``Signal`` and ``Barrier`` first wait for all
@@ -440,7 +442,6 @@ class _Graph:
         self.program = program
         self.nodes: list[_Node] = []
         self.cores = sorted(c for c, ins in program.cores.items() if ins)
-        self.ids: dict[tuple[int, int], int] = {}
         for core in self.cores:
             self._add_core(core, program.cores[core], coster)
         self._link_cross_core()
@@ -455,7 +456,6 @@ class _Graph:
             node = _Node(core, index, ins, ins.ENGINE, _lane_of(ins))
             coster.cost(node)
             self.nodes.append(node)
-            self.ids[(core, index)] = nid
             node.preds |= hazards.add(nid, node.lane, node.reads, node.writes)
             node.preds |= _dram_hazards(dram_hazards, nid, node.lane, node.dram)
             if node.lane is not None and node.lane in last_in_lane:
@@ -509,8 +509,8 @@ class _Graph:
                 raise ProgramError(f"{what} has no matching {partner} on the destination core", n.core, n.index, n.instr)
 
     def _retarget_receive(self, recv_id: int, sent: RingSend) -> None:
-        """The receiver's later instructions depend on the received bytes through the RingRecv: rerun the
-        hazard scan of the receiving core with the RingRecv as a writer of those bytes."""
+        """Make the RingRecv the writer of the bytes it delivers, so that the receiver's readers of them
+        depend on it (applied by :func:`_rescan_received_bytes`, once every send is matched)."""
         self.nodes[recv_id].writes.append((sent.dst_offset, sent.dst_offset + sent.nbytes))
 
     def _join_barriers(self, barriers: dict) -> None:
