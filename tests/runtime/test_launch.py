@@ -217,6 +217,23 @@ def test_events_around_a_launch_measure_it(card):
     assert start.elapsed_time(end) == pytest.approx(p.timing.total_s * 1e3)
 
 
+def test_events_measure_a_launch_queued_after_a_host_synchronization(card):
+    # The host waited for a long copy on another stream; the launch then starts at that observed time,
+    # and events recorded around it must time the launch, not the idle gap before it.
+    n = 8 * F32_PER_STICK
+    _, _, ax, ay, aout = buffers(card, n)
+    p = prepare(add_program(8, 2), card)
+    s1, s2 = S.Stream(CARD), S.Stream(CARD)
+    s2.enqueue("upload", 1e-3, kind="copy_h2d", resource="h2d")
+    s2.synchronize()
+    start, end = S.Event(enable_timing=True), S.Event(enable_timing=True)
+    start.record(s1)
+    rec = launch(p, {"x": ax, "y": ay, "out": aout}, stream=s1)
+    end.record(s1)
+    assert rec.start == pytest.approx(1e-3)
+    assert start.elapsed_time(end) == pytest.approx(p.timing.total_s * 1e3)
+
+
 def test_two_streams_serialize_on_the_cores_but_overlap_with_copies(card):
     # stream.py: a launch occupies the whole core array ("compute"); copies use the PCIe link.
     n = 8 * F32_PER_STICK

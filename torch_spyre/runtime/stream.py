@@ -175,7 +175,9 @@ class Event:
 
     def record(self, stream: Stream | None = None) -> None:
         stream = current_stream() if stream is None else stream
-        self.time = stream.ready_at
+        # Like work, an event queued after a host synchronization cannot complete before the device time
+        # the host has already observed; otherwise events around later work would also time the idle gap.
+        self.time = max(stream.ready_at, stream._clock.host_frontier)
         self.card = stream.card
 
     def wait(self, stream: Stream | None = None) -> None:
