@@ -323,7 +323,7 @@ def test_accounting_summary_and_roofline():
     assert all(0.0 <= u <= 1.0 for eng in t.utilization.values() for u in eng.values())
     assert t.roofline_s <= t.total_s and 0 < t.roofline_fraction <= 1
     text = t.summary()
-    assert "roofline" in text and t.bottleneck in text and "core   0" in text
+    assert "roofline" in text and t.bottleneck in text and "core 0 " in text
 
 
 def test_verdicts():

@@ -149,12 +149,23 @@ class ProgramTiming:
             f"ring {self.bytes['ring']:,}, reduce ring {self.bytes['reduce_ring']:,}, "
             f"scratchpad read {self.bytes['sp_read']:,}, write {self.bytes['sp_write']:,}",
             f"  flops: {self.flops:,} ({self.pe_flops:,} on the PE arrays)",
-            "  utilization per core (% of total): " + " ".join(f"{e:>6}" for e in ENGINES),
+            f"  {'utilization (% of total)':<28}" + " ".join(f"{e:>6}" for e in ENGINES),
         ]
-        util = self.utilization
-        for core in sorted(util):
-            lines.append(f"    core {core:3d}" + " " * 23 + " ".join(f"{100 * util[core][e]:6.1f}" for e in ENGINES))
+        lines += [f"    {label:<26}" + row for label, row in self._utilization_rows()]
         return "\n".join(lines)
+
+    def _utilization_rows(self) -> list[tuple[str, str]]:
+        """One row per run of consecutive cores with the same (rounded) utilization, so that 32 cores
+        doing the same work print as one line."""
+        util = self.utilization
+        rows: list[tuple[list[int], str]] = []
+        for core in sorted(util):
+            row = " ".join(f"{100 * util[core][e]:6.1f}" for e in ENGINES)
+            if rows and rows[-1][1] == row and rows[-1][0][-1] == core - 1:
+                rows[-1][0].append(core)
+            else:
+                rows.append(([core], row))
+        return [(f"core {c[0]}" if len(c) == 1 else f"cores {c[0]}-{c[-1]}", row) for c, row in rows]
 
 
 # ---------------------------------------------------------------------------------------------
