@@ -16,6 +16,7 @@ All tensors here are 2-D (or 1-D) and sticked on their last dimension, IBM's def
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
@@ -170,10 +171,11 @@ def operand_layout(op: Operand) -> StickLayout:
     return StickLayout(op.host_shape, op.stick_dim if op.stick_dim is not None else -1, op.device_dtype)
 
 
-def run_on_card(card: Any, program: Program, inputs: dict[str, torch.Tensor],
-                check: bool = True) -> tuple[dict[str, torch.Tensor], ExecutionStats]:
+def run_on_card(card: Any, program: Program, inputs: dict[str, torch.Tensor], check: bool = True,
+                times: dict[str, float] | None = None) -> tuple[dict[str, torch.Tensor], ExecutionStats]:
     """Allocate every operand on ``card``, write ``inputs``, validate and execute ``program``, and return
-    the out/inout operands as CPU tensors (float32 for dlfloat16) with the execution stats."""
+    the out/inout operands as CPU tensors (float32 for dlfloat16) with the execution stats. ``times``,
+    if given, receives ``execute_s``: the host seconds spent in :func:`execute` alone."""
     if check:
         validate(program, card.config)
     allocs = {op.name: card.memory.allocate(op.nbytes) for op in program.operands}
@@ -183,7 +185,11 @@ def run_on_card(card: Any, program: Program, inputs: dict[str, torch.Tensor],
                 lay = operand_layout(op)
                 card.memory.write(allocs[op.name].address, lay.pack(encode(inputs[op.name], op.device_dtype)))
         bases = {name: a.address for name, a in allocs.items()}
-        stats = execute(card, program, resolve_addresses(program, bases))
+        addresses = resolve_addresses(program, bases)
+        start = time.perf_counter()
+        stats = execute(card, program, addresses)
+        if times is not None:
+            times["execute_s"] = time.perf_counter() - start
         outputs = {}
         for op in program.operands:
             if op.access in ("out", "inout"):
@@ -629,3 +635,43 @@ ALL_BUILDERS: dict[str, Callable[[], Built]] = {
     **{f"minilm_{k}": (lambda k=k: build_minilm_layer()[k]) for k in
        ("qkv_proj", "attention", "out_proj", "ln1", "ffn_up", "ffn_down", "ln2")},
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# python -m benchmarks.programs [name ...]: run each program, compare with torch, report host time
+# ---------------------------------------------------------------------------------------------
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from torch_spyre.card import Card, load_config
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("names", nargs="*", help=f"programs to run (default: all): {', '.join(ALL_BUILDERS)}")
+    parser.add_argument("--print", action="store_true", help="print each program")
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.names if n not in ALL_BUILDERS]
+    if unknown:
+        parser.error(f"unknown program(s) {', '.join(unknown)}; known: {', '.join(ALL_BUILDERS)}")
+    card = Card(0, load_config())
+    print(f"{'program':22s} {'cores':>5s} {'instrs':>6s} {'rel err':>8s} {'execute ms':>10s} {'round trip ms':>13s}")
+    for name in args.names or list(ALL_BUILDERS):
+        built = ALL_BUILDERS[name]()
+        if args.print:
+            print(built.program)
+        inputs = built.make_inputs(0)
+        run_on_card(card, built.program, inputs)  # warm up: scratchpads, lookup tables
+        times: dict[str, float] = {}
+        start = time.perf_counter()
+        outputs, _ = run_on_card(card, built.program, inputs, times=times)
+        elapsed = time.perf_counter() - start
+        # Largest error relative to the largest reference value of that output.
+        err = max(float((outputs[k] - v.float()).abs().max() / v.float().abs().max().clamp_min(1e-30))
+                  for k, v in built.reference(inputs).items())
+        n_instr = sum(len(v) for v in built.program.cores.values())
+        print(f"{name:22s} {len(built.program.cores):5d} {n_instr:6d} {err:8.1e} {times['execute_s'] * 1e3:10.1f} "
+              f"{elapsed * 1e3:13.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
