@@ -6,6 +6,8 @@ import math
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from torch_spyre.card.config import CardConfig, MiB
 from torch_spyre.card.timing import time_program
@@ -347,3 +349,51 @@ def test_a_few_thousand_instructions_time_in_well_under_a_second():
     assert time.perf_counter() - start < 1.0
     assert len(t.intervals) == 12000
     assert math.isfinite(t.total_s)
+
+
+# --- invariants on random programs ---------------------------------------------------------------------
+_BUF = 16 * 1024  # four scratchpad buffers of 16 KiB, so random programs collide often
+
+
+@st.composite
+def _random_core(draw) -> list:
+    ins = []
+    for k in range(draw(st.integers(1, 12))):
+        a, b = draw(st.integers(0, 3)) * _BUF, draw(st.integers(0, 3)) * _BUF
+        kind = draw(st.sampled_from(["load", "store", "exp", "add"]))
+        if kind == "load":
+            ins.append(load(k * _BUF, a, _BUF // STICK))
+        elif kind == "store":
+            ins.append(store(k * _BUF, a, _BUF // STICK))
+        else:
+            ins.append(vec(kind if kind == "exp" else "relu", a, b, _BUF // 2))
+    return ins
+
+
+def _spans(t, core: int, engine_ops: tuple[str, ...]) -> list:
+    return sorted((iv.start, iv.end) for iv in t.intervals if iv.core == core and iv.op in engine_ops)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_random_core(), min_size=1, max_size=4))
+def test_random_programs_respect_engines_and_hazards(cores):
+    p = prog(dict(enumerate(cores)))
+    t = time_program(p, CFG)
+    assert time_program(p, CFG).intervals == t.intervals
+    for core, ins in enumerate(cores):
+        # each in-order queue runs one instruction at a time
+        for ops in (("dma_load",), ("dma_store",), ("elementwise",)):
+            spans = _spans(t, core, ops)
+            assert all(e0 <= s1 * (1 + 1e-12) for (_, e0), (s1, _) in zip(spans, spans[1:]))
+        # a reader of a buffer never starts before the last earlier writer of that buffer finished
+        last_write: dict[int, float] = {}
+        for i, instr in enumerate(ins):
+            iv = interval(t, core, i)
+            reads = [instr.sp_offset] if isinstance(instr, DmaStore) else (
+                [instr.inputs[0].offset] if isinstance(instr, Elementwise) else [])
+            for r in reads:
+                assert iv.start >= last_write.get(r, 0.0) * (1 - 1e-12)
+            written = instr.sp_offset if isinstance(instr, DmaLoad) else (
+                instr.out.offset if isinstance(instr, Elementwise) else None)
+            if written is not None:
+                last_write[written] = iv.end
