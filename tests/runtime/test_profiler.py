@@ -120,7 +120,7 @@ def test_chrome_trace_has_a_process_per_card_and_tracks_per_stream_pcie_core_eng
     threads = {(e["pid"], e["args"]["name"]) for e in meta if e["name"] == "thread_name"}
     c0, c1 = cards[0].index, cards[1].index
     assert (c0, f"stream {s.stream_id}") in threads and (c0, "PCIe h2d") in threads
-    assert (c1, "stream 0") in threads
+    assert (c1, "stream 0 (default)") in threads
     for prep, c in ((p0, c0), (p1, c1)):
         expected = {(c, f"core {iv.core:02d} {iv.engine}") for iv in prep.timing.intervals}
         assert expected <= threads

@@ -30,11 +30,11 @@ from typing import Any, Mapping, Union
 
 import numpy as np
 
-from ..card.execute import execute
+from ..card.execute import dram_addr, execute
 from ..card.memory import Allocation, InvalidAddressError
 from ..card.timing import time_program
 from ..card.validate import validate
-from ..program import DmaGather, DmaLoad, DmaStore, Program
+from ..program import Program
 from . import stream as _stream
 
 STICK_BYTES = 128
@@ -118,12 +118,16 @@ class PreparedProgram:
 
 
 def prepare(program: Program, card: Any) -> PreparedProgram:
-    """Validate, time and index ``program`` for ``card``; the result can be launched many times."""
+    """Validate, time and index ``program`` for ``card``; the result can be launched many times.
+
+    The prepared program keeps a reference to ``program``: do not modify it afterwards (prepare a new one).
+    """
     validate(program, card.config)
     timing = time_program(program, card.config)
     names = tuple(o.name for o in program.operands)
-    flat, per_core = _address_arrays(program)
-    patches = _patch_table(program, {n: i for i, n in enumerate(names)}, per_core_start=_core_starts(program))
+    starts = _core_starts(program)
+    flat, per_core = _address_arrays(program, starts)
+    patches = _patch_table(program, {n: i for i, n in enumerate(names)}, starts)
     return PreparedProgram(
         program=program,
         card=card,
@@ -146,31 +150,22 @@ def _core_starts(program: Program) -> dict[int, int]:
     return starts
 
 
-def _address_arrays(program: Program) -> tuple[np.ndarray, dict[int, np.ndarray]]:
-    """One flat int64 array for all instructions, and per-core views of it (what execute() reads)."""
-    starts = _core_starts(program)
+def _address_arrays(program: Program, starts: dict[int, int]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """One flat int64 array for all instructions, and per-core views of it (what execute() reads).
+    Entries of non-DMA instructions stay 0, as in ``card.execute.resolve_addresses``."""
     total = sum(len(ins) for ins in program.cores.values())
     flat = np.zeros(total, dtype=np.int64)
     per_core = {c: flat[s : s + len(program.cores[c])] for c, s in starts.items()}
     return flat, per_core
 
 
-def _dma_addr(ins: Any):
-    """The symbolic device-side address of a DMA instruction, or None for other instructions."""
-    if isinstance(ins, (DmaLoad, DmaGather)):
-        return ins.src
-    if isinstance(ins, DmaStore):
-        return ins.dst
-    return None
-
-
-def _patch_table(program: Program, operand_index: dict[str, int], per_core_start: dict[int, int]) -> PatchTable:
+def _patch_table(program: Program, operand_index: dict[str, int], core_starts: dict[int, int]) -> PatchTable:
     rows = []
     for core, i, ins in program.instructions():
-        addr = _dma_addr(ins)
+        addr = dram_addr(ins)
         if addr is not None:
             # validate() has already refused Addr operands that the program does not declare.
-            rows.append((core, i, operand_index[addr.operand], addr.offset, per_core_start[core] + i))
+            rows.append((core, i, operand_index[addr.operand], addr.offset, core_starts[core] + i))
     cols = np.array(rows, dtype=np.int64).reshape(-1, 5)
     return PatchTable(
         core=cols[:, 0].astype(np.int32),

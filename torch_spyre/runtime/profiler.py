@@ -296,7 +296,7 @@ def chrome_trace(records: list[_stream.WorkRecord]) -> dict[str, Any]:
     engines = sorted({iv.engine for ivs in intervals.values() for iv in ivs}, key=_engine_rank)
     for rec in records:
         tid = rec.stream_id
-        tracks[(rec.card, tid)] = f"stream {rec.stream_id}"
+        tracks[(rec.card, tid)] = _stream_label(rec.stream_id)
         events.append(_x_event(rec.name, rec.kind, rec.card, tid, rec.start, rec.end, _trace_args(rec)))
         if rec.resource in _PCIE_TID:
             ptid = _PCIE_TID[rec.resource]
@@ -309,6 +309,10 @@ def chrome_trace(records: list[_stream.WorkRecord]) -> dict[str, Any]:
                                    {"program": iv.program, "index": iv.index}))
     return {"traceEvents": _metadata(tracks) + events, "displayTimeUnit": "ns",
             "otherData": {"clock": "simulated Spyre device time (us)", "source": "torch_spyre.profiler"}}
+
+
+def _stream_label(stream_id: int) -> str:
+    return "stream 0 (default)" if stream_id == 0 else f"stream {stream_id}"
 
 
 def _x_event(name: str, cat: str, pid: int, tid: int, start: float, end: float, args: dict) -> dict[str, Any]:
@@ -382,7 +386,7 @@ def _card_rows(records: list[_stream.WorkRecord], card: int) -> tuple[list[str],
     cores = sorted({iv.core for iv in ivs})
     engines = sorted({iv.engine for iv in ivs}, key=_engine_rank)
     labels, index = [], {}
-    for key, label in ([(("stream", s), f"stream {s}") for s in streams] + [(("pcie", d), f"PCIe {d}") for d in pcie]
+    for key, label in ([(("stream", s), _stream_label(s)) for s in streams] + [(("pcie", d), f"PCIe {d}") for d in pcie]
                        + [(("core", c), f"core {c}") for c in cores]):
         index[key] = len(labels)
         labels.append(label)
