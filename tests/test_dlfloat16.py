@@ -160,3 +160,10 @@ def test_reference_agrees_with_card_module_on_fp32_samples():
     for b, g in zip(bits.tolist(), got.tolist()):
         sign, value = ieee_decode(b, 8, 23)
         assert g == dlf_encode(sign, value), hex(b)
+
+
+def test_65504_is_the_only_finite_fp16_that_comes_back_infinite():
+    x = torch.arange(0, 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    x = x[torch.isfinite(x)]
+    y = x.to("spyre").cpu()
+    assert x[torch.isinf(y)].tolist() == [65504.0]

@@ -180,8 +180,11 @@ def write(t: torch.Tensor, values: torch.Tensor) -> Transfer:
     if alloc is None or t.numel() == 0:
         return Transfer(0)
     layout: StickLayout = alloc.meta["layout"]
-    host = torch.empty(t.shape, dtype=t.dtype)
-    host.copy_(values)
+    if values.shape == t.shape and values.dtype == t.dtype:
+        host = values
+    else:
+        host = torch.empty(t.shape, dtype=t.dtype)
+        host.copy_(values)  # broadcast and convert like CPU copy_
     if t.dtype != alloc.meta["dtype"]:
         image = _image(alloc)
         _reinterpreted(image, t).copy_(host)
