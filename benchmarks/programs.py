@@ -425,34 +425,44 @@ def build_softmax_scratchpad(rows: int = 512, cols: int = 1024) -> Built:
     return Built(prog, _softmax_inputs(rows, cols), _softmax_reference)
 
 
-def build_softmax_roundtrip(rows: int = 512, cols: int = 1024) -> Built:
-    """Softmax as four unfused kernels would run it: max, exp(x - max), sum, divide, each a pass over
-    the whole tensor whose result goes to device memory (fp16) and is loaded back by the next pass."""
+def build_softmax_roundtrip(rows: int = 512, cols: int = 1024, fuse_sub_exp: bool = True) -> Built:
+    """Softmax as unfused kernels run it, each a pass over the tensor whose result goes to device memory
+    in fp16 and is loaded back by the next pass: amax, exp(x - max), sum, div (6MN + 4N elements of
+    device-memory traffic for M rows of N). With ``fuse_sub_exp=False``, sub and exp are separate
+    kernels too, the 8MN + 4N elements IBM's scratchpad-planning page gives for its round trip.
+    (The timing model's calibration, benchmarks/calibration.py, uses the default.)"""
     x, y = _softmax_io(rows, cols)
     row_max = DeviceTensor("row_max", (rows,), access="out")
+    shifted = DeviceTensor("shifted", (rows, cols), access="out")
     exps = DeviceTensor("exps", (rows, cols), access="out")
     row_sum = DeviceTensor("row_sum", (rows,), access="out")
     R = SOFTMAX_CHUNK
     sp = Scratch()
-    xs, es, ys = sp.alloc(DL, (R, cols)), sp.alloc(DL, (R, cols)), sp.alloc(DL, (R, cols))
+    xs, ys = sp.alloc(DL, (R, cols)), sp.alloc(DL, (R, cols))
     st, acc = sp.alloc(DL, (R, 1)), sp.alloc(F32, (R, 1))
     chunks = range(rows // R)
     ins: list[Instruction] = []
-    for k in chunks:  # pass 1: row max
+    for k in chunks:  # amax
         ins += [x.load(xs.offset, k * R, R, 0, cols), Reduce("max", st, xs, axis=1),
                 row_max.store(st.offset, 0, 1, k * R, R)]
-    for k in chunks:  # pass 2: exp(x - max)
+    for k in chunks:  # exp(x - max) in one kernel, or x - max and then (below) exp
         ins += [x.load(xs.offset, k * R, R, 0, cols), row_max.load(st.offset, 0, 1, k * R, R),
-                ew("sub", es, xs, rows_bcast(st, cols)), ew("exp", es, es),
-                exps.store(es.offset, k * R, R, 0, cols)]
-    for k in chunks:  # pass 3: row sum
-        ins += [exps.load(es.offset, k * R, R, 0, cols), Reduce("sum", acc, es, axis=1), ew("cast", st, acc),
+                ew("sub", ys, xs, rows_bcast(st, cols))]
+        ins += [ew("exp", ys, ys), exps.store(ys.offset, k * R, R, 0, cols)] if fuse_sub_exp else \
+            [shifted.store(ys.offset, k * R, R, 0, cols)]
+    if not fuse_sub_exp:
+        for k in chunks:
+            ins += [shifted.load(xs.offset, k * R, R, 0, cols), ew("exp", ys, xs),
+                    exps.store(ys.offset, k * R, R, 0, cols)]
+    for k in chunks:  # row sum (fp32 accumulation, stored as fp16)
+        ins += [exps.load(xs.offset, k * R, R, 0, cols), Reduce("sum", acc, xs, axis=1), ew("cast", st, acc),
                 row_sum.store(st.offset, 0, 1, k * R, R)]
-    for k in chunks:  # pass 4: divide
-        ins += [exps.load(es.offset, k * R, R, 0, cols), row_sum.load(st.offset, 0, 1, k * R, R),
-                ew("div", ys, es, rows_bcast(st, cols)), y.store(ys.offset, k * R, R, 0, cols)]
-    prog = _program(f"softmax_roundtrip_{rows}x{cols}", [x, y, row_max, exps, row_sum], {0: ins},
-                    intermediates=["row_max", "exps", "row_sum"],
+    for k in chunks:  # divide
+        ins += [exps.load(xs.offset, k * R, R, 0, cols), row_sum.load(st.offset, 0, 1, k * R, R),
+                ew("div", ys, xs, rows_bcast(st, cols)), y.store(ys.offset, k * R, R, 0, cols)]
+    intermediates = [row_max] + ([] if fuse_sub_exp else [shifted]) + [exps, row_sum]
+    prog = _program(f"softmax_roundtrip_{rows}x{cols}" + ("" if fuse_sub_exp else "_5kernels"),
+                    [x, y, *intermediates], {0: ins}, intermediates=[t.name for t in intermediates],
                     calibration="softmax 512x1024 fp16, one core, through device memory: 32.51 us on a real card")
     return Built(prog, _softmax_inputs(rows, cols), _softmax_reference)
 

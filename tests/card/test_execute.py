@@ -591,3 +591,13 @@ def test_overflow_gives_the_nan_inf_code(card):
 def test_copy_moves_bits(card):
     x = torch.tensor([2**62 + 1, -(2**62) - 3, 7])
     assert run_elementwise(card, "copy", [x], out_dtype="int64").tolist() == x.tolist()
+
+
+@pytest.mark.parametrize("fuse, reads, writes", [(True, 4, 2), (False, 5, 3)], ids=["4-kernels", "5-kernels"])
+def test_softmax_roundtrip_traffic(card, fuse, reads, writes):
+    # IBM gives 8MN + 4N fp16 elements of device traffic for the unfused round trip (5 kernels).
+    from benchmarks.programs import build_softmax_roundtrip
+
+    stats = _check(build_softmax_roundtrip(fuse_sub_exp=fuse), card, 1e-2, 1e-3)
+    mn, n = 512 * 1024 * 2, 512 * 2
+    assert (stats.total_dma_read_bytes, stats.total_dma_write_bytes) == (reads * mn + 2 * n, writes * mn + 2 * n)
