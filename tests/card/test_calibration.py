@@ -22,7 +22,7 @@ def points() -> dict[str, cal.Point]:
     return {p.key: p for p in cal.calibrate(CFG)}
 
 
-@pytest.mark.parametrize("key", ["stream_read", "tiny_kernel", "matmul_peak", "softmax_ratio", "pointwise", "ring_alone"])
+@pytest.mark.parametrize("key", ["stream_read", "tiny_kernel", "matmul_peak", "pointwise", "ring_alone"])
 def test_point_within_tolerance(points, key):
     p = points[key]
     assert abs(p.error) <= TOLERANCE, f"{p.what}: model {p.model:.4g} vs published {p.published:.4g} ({100 * p.error:+.1f} %)"
@@ -87,6 +87,14 @@ def test_doc_lists_every_config_field_with_its_provenance():
 
 
 def test_doc_calibration_table_matches_the_model(points):
-    assert cal.calibration_markdown(list(points.values())) in _doc(), (
-        "calibration table out of date: run python -m benchmarks.calibration --write-doc")
-    assert cal.implied_markdown(cal.softmax_implied(CFG), CFG) in _doc()
+    """Rows of this file's programs must match exactly; rows timing another file's programs (which change
+    with that file) must at least be there."""
+    doc = _doc()
+    stale = "calibration table out of date: run python -m benchmarks.calibration --write-doc"
+    for p in points.values():
+        row = cal.calibration_markdown([p]).splitlines()[-1]
+        if p.origin == "benchmarks/calibration.py":
+            assert row in doc, stale
+        else:
+            assert f"| {p.what} |" in doc, stale
+    assert cal.implied_markdown(cal.softmax_implied(CFG), CFG) in doc
