@@ -181,3 +181,19 @@ def test_corrupt_program_data(mutate, pattern):
 def test_not_an_object():
     with pytest.raises(ProgramError, match="not a Spyre program"):
         Program.from_json("[1, 2, 3]")
+
+
+def test_loaded_program_executes_like_the_original(tmp_path):
+    import torch
+
+    from benchmarks.programs import run_on_card
+    from torch_spyre.card import Card, load_config
+
+    built = ALL_BUILDERS["matmul_ksplit"]()
+    path = tmp_path / "ksplit.json"
+    built.program.save(str(path))
+    card = Card(0, load_config(environ={}))
+    inputs = built.make_inputs(3)
+    original, _ = run_on_card(card, built.program, inputs)
+    loaded, _ = run_on_card(card, Program.load(str(path)), inputs)
+    assert torch.equal(original["c"], loaded["c"])
