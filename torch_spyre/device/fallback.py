@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 
 from ..runtime import stream as rt
 from . import cards, storage, tensor
@@ -58,56 +58,104 @@ def _is_spyre(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.device.type == "spyre"
 
 
-def _check_devices(op: torch._ops.OpOverload, flat: list[Any]) -> int:
-    card = None
-    for x in flat:
-        if not isinstance(x, torch.Tensor):
-            continue
-        if x.device.type == "spyre":
-            idx = x.device.index or 0
-            if card is None:
-                card = idx
-            elif idx != card:
-                raise RuntimeError(
-                    f"Expected all tensors to be on the same device, but found at least two devices, "
-                    f"spyre:{card} and spyre:{idx}! (in {op.name()}; move one with .to('spyre:{card}'))"
-                )
-    for x in flat:
-        if isinstance(x, torch.Tensor) and x.device.type != "spyre" and not (x.device.type == "cpu" and x.dim() == 0):
-            raise RuntimeError(
-                f"Expected all tensors to be on the same device, but found at least two devices, "
-                f"spyre:{card} and {x.device}! (in {op.name()}; move the {x.device} tensor with .to('spyre') "
-                f"or the spyre one with .cpu())"
-            )
-    return 0 if card is None else card
+def _tensors(x: Any):
+    """The tensors in an argument value (ATen arguments nest at most lists/tuples of tensors)."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _tensors(y)
 
 
-def _aliases(schema_returns, schema_args) -> list[tuple[int | None, bool]]:
-    """For each return: (index of the argument it aliases, whether that argument is written)."""
-    out = []
-    for r in schema_returns:
+def _map(fn, x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, (list, tuple)) and any(isinstance(y, (torch.Tensor, list, tuple)) for y in x):
+        return type(x)(_map(fn, y) for y in x)
+    return x
+
+
+@dataclass(frozen=True)
+class _OpInfo:
+    """What the fallback needs from an op's schema, computed once per op."""
+
+    name: str  # e.g. "add.out"
+    arg_names: tuple[str, ...]
+    defaults: tuple[Any, ...]
+    is_out: tuple[bool, ...]
+    is_write: tuple[bool, ...]
+    returns: tuple[tuple[int | None, bool], ...]  # per return: (aliased argument index, written)
+    generator: tuple[int, bool] | None  # (argument index, kwarg-only) of a Generator? argument
+    is_view: bool
+
+
+_infos: dict[torch._ops.OpOverload, _OpInfo] = {}
+
+
+def _info(op: torch._ops.OpOverload) -> _OpInfo:
+    info = _infos.get(op)
+    if info is not None:
+        return info
+    schema = op._schema
+    arguments = schema.arguments
+    returns = []
+    for r in schema.returns:
         ai = r.alias_info
         found = None
         if ai is not None:
-            for i, a in enumerate(schema_args):
+            for i, a in enumerate(arguments):
                 if a.alias_info is not None and a.alias_info.before_set & ai.before_set:
                     found = i
                     break
-        out.append((found, bool(ai is not None and ai.is_write)))
-    return out
+        returns.append((found, bool(ai is not None and ai.is_write)))
+    generator = None
+    for i, a in enumerate(arguments):
+        if a.name == "generator" and "Generator" in str(a.type):
+            generator = (i, a.kwarg_only)
+    info = _OpInfo(
+        name=op.name().removeprefix("aten::"),
+        arg_names=tuple(a.name for a in arguments),
+        defaults=tuple(a.default_value if a.has_default_value() else None for a in arguments),
+        is_out=tuple(bool(a.is_out) for a in arguments),
+        is_write=tuple(bool(a.alias_info is not None and a.alias_info.is_write) for a in arguments),
+        returns=tuple(returns),
+        generator=generator,
+        is_view=bool(returns) and all(i is not None and not w for i, w in returns),
+    )
+    _infos[op] = info
+    return info
 
 
-def _bound_args(op, args, kwargs) -> list[Any]:
+def _check_devices(info: _OpInfo, args: tuple, kwargs: dict) -> int:
+    card = None
+    others = []
+    for value in (*args, *kwargs.values()):
+        for x in _tensors(value):
+            if x.device.type == "spyre":
+                idx = x.device.index or 0
+                if card is None:
+                    card = idx
+                elif idx != card:
+                    raise RuntimeError(
+                        f"Expected all tensors to be on the same device, but found at least two devices, "
+                        f"spyre:{card} and spyre:{idx}! (in aten::{info.name}; move one with .to('spyre:{card}'))"
+                    )
+            elif not (x.device.type == "cpu" and x.dim() == 0):
+                others.append(x)
+    if others:
+        x = others[0]
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, "
+            f"spyre:{card} and {x.device}! (in aten::{info.name}; move the {x.device} tensor with .to('spyre') "
+            f"or the spyre one with .cpu())"
+        )
+    return 0 if card is None else card
+
+
+def _bound_args(info: _OpInfo, args: tuple, kwargs: dict) -> list[Any]:
     """Argument values in schema order (positional, then keyword, then defaults)."""
-    values = []
-    for i, a in enumerate(op._schema.arguments):
-        if i < len(args):
-            values.append(args[i])
-        elif a.name in kwargs:
-            values.append(kwargs[a.name])
-        else:
-            values.append(a.default_value if a.has_default_value() else None)
-    return values
+    n = len(args)
+    return [args[i] if i < n else kwargs.get(name, info.defaults[i]) for i, name in enumerate(info.arg_names)]
 
 
 def _flops(op, args, kwargs, out) -> float:
@@ -119,8 +167,7 @@ def _flops(op, args, kwargs, out) -> float:
             return float(fn(*args, **kwargs, out_val=out))
         except Exception:  # noqa: BLE001 - fall back to the element count on any shape surprise
             pass
-    outs = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
-    return float(sum(x.numel() for x in outs))
+    return float(sum(x.numel() for x in _tensors(out if isinstance(out, (list, tuple)) else [out])))
 
 
 def roofline_seconds(flops: float, nbytes: int) -> float:
@@ -134,14 +181,14 @@ def _meta_like(t: torch.Tensor) -> torch.Tensor:
     return base.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
-def _run_view(op, args, kwargs, aliases):
-    meta_args, meta_kwargs = tree_map(lambda x: _meta_like(x) if _is_spyre(x) else x, (args, kwargs))
-    result = op(*meta_args, **meta_kwargs)
-    bound = _bound_args(op, args, kwargs)
+def _run_view(op, info: _OpInfo, args, kwargs):
+    to_meta = lambda x: _meta_like(x) if _is_spyre(x) else x  # noqa: E731
+    result = op(*[_map(to_meta, a) for a in args], **{k: _map(to_meta, v) for k, v in kwargs.items()})
+    bound = _bound_args(info, args, kwargs)
     returns = result if isinstance(result, (tuple, list)) else (result,)
     outs = []
-    for r, (arg_index, _) in zip(returns, aliases):
-        base = bound[arg_index] if arg_index is not None else None
+    for r, (arg_index, _) in zip(returns, info.returns):
+        base = bound[arg_index]
         if isinstance(base, (list, tuple)):
             base = base[0]
         if isinstance(r, (list, tuple)):
@@ -151,95 +198,89 @@ def _run_view(op, args, kwargs, aliases):
     return outs[0] if not isinstance(result, (tuple, list)) else type(result)(outs)
 
 
-def _inject_generator(op, args, kwargs, card):
+def _inject_generator(info: _OpInfo, args: tuple, kwargs: dict, card: int) -> tuple[tuple, dict]:
     """Random ops without an explicit generator draw from the card's generator."""
-    for i, a in enumerate(op._schema.arguments):
-        if a.name == "generator" and "Generator" in str(a.type):
-            if a.kwarg_only or i >= len(args):
-                if kwargs.get("generator") is None:
-                    kwargs = {**kwargs, "generator": cards.generator(card)}
-            elif args[i] is None:
-                args = (*args[:i], cards.generator(card), *args[i + 1:])
+    if info.generator is None:
+        return args, kwargs
+    i, kwarg_only = info.generator
+    if kwarg_only or i >= len(args):
+        if kwargs.get("generator") is None:
+            kwargs = {**kwargs, "generator": cards.generator(card)}
+    elif args[i] is None:
+        args = (*args[:i], cards.generator(card), *args[i + 1:])
     return args, kwargs
 
 
 def run(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
-    flat, _ = tree_flatten((args, kwargs))
-    card = _check_devices(op, flat)
-    schema = op._schema
-    aliases = _aliases(schema.returns, schema.arguments)
-    if aliases and all(i is not None and not w for i, w in aliases):
-        return _run_view(op, args, kwargs, aliases)
+    info = _info(op)
+    card = _check_devices(info, args, kwargs)
+    if info.is_view:
+        return _run_view(op, info, args, kwargs)
 
     with _counts_lock:
-        _counts[op.name().removeprefix("aten::")] += 1
+        _counts[info.name] += 1
 
     # Host copies of every device tensor argument (the same host tensor for the same device tensor).
     hosts: dict[int, torch.Tensor] = {}
     nbytes = 0
 
-    def to_host(x):
-        nonlocal nbytes
-        if not _is_spyre(x):
-            return x
-        if id(x) not in hosts:
-            values, moved = tensor.read(x)
-            hosts[id(x)] = values
-            nbytes += moved.device_bytes
-        return hosts[id(x)]
-
     # out= arguments are only written: a host temporary of the same geometry, without reading the device.
     # (Unless an input shares its storage, as in ``x.add_(y)`` which runs ``add.out(x, y, out=x)``.)
-    bound = _bound_args(op, args, kwargs)
-    input_storages = {
-        t.untyped_storage().data_ptr()
-        for a, v in zip(schema.arguments, bound) if not a.is_out
-        for t in tree_flatten(v)[0] if _is_spyre(t)
-    }
-    for a, v in zip(schema.arguments, bound):
-        if a.is_out:
-            for t in tree_flatten(v)[0]:
-                if _is_spyre(t) and t.untyped_storage().data_ptr() not in input_storages:
-                    hosts[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
-    host_args, host_kwargs = tree_map(to_host, (args, kwargs))
-    host_args, host_kwargs = _inject_generator(op, host_args, host_kwargs, card)
+    bound = _bound_args(info, args, kwargs)
+    if any(info.is_out):
+        inputs = {t.untyped_storage().data_ptr()
+                  for v, out in zip(bound, info.is_out) if not out for t in _tensors(v) if _is_spyre(t)}
+        for v, out in zip(bound, info.is_out):
+            if out:
+                for t in _tensors(v):
+                    if _is_spyre(t) and t.untyped_storage().data_ptr() not in inputs:
+                        hosts[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+
+    def to_host(x):
+        nonlocal nbytes
+        if x.device.type != "spyre":
+            return x
+        h = hosts.get(id(x))
+        if h is None:
+            h, moved = tensor.read(x)
+            hosts[id(x)] = h
+            nbytes += moved.device_bytes
+        return h
+
+    host_args = tuple(_map(to_host, a) for a in args)
+    host_kwargs = {k: _map(to_host, v) for k, v in kwargs.items()}
+    host_args, host_kwargs = _inject_generator(info, host_args, host_kwargs, card)
     host_out = op(*host_args, **host_kwargs)
 
     # Write mutated arguments back through their views.
-    host_bound = _bound_args(op, host_args, host_kwargs)
-    for a, dev, host in zip(schema.arguments, bound, host_bound):
-        if a.alias_info is None or not a.alias_info.is_write:
-            continue
-        pairs = zip(dev, host) if isinstance(dev, (list, tuple)) else [(dev, host)]
-        for d, h in pairs:
-            if not _is_spyre(d):
+    if any(info.is_write):
+        host_bound = _bound_args(info, host_args, host_kwargs)
+        for written, dev, host in zip(info.is_write, bound, host_bound):
+            if not written:
                 continue
-            if tuple(d.shape) != tuple(h.shape):
-                d.resize_(h.shape)
-            nbytes += tensor.write(d, h).device_bytes
+            pairs = zip(dev, host) if isinstance(dev, (list, tuple)) else [(dev, host)]
+            for d, h in pairs:
+                if not _is_spyre(d):
+                    continue
+                if tuple(d.shape) != tuple(h.shape):
+                    d.resize_(h.shape)
+                nbytes += tensor.write(d, h).device_bytes
 
     # Results: aliases of arguments are the device arguments themselves; the rest are stored on the card.
+    def upload(x):
+        nonlocal nbytes
+        out = tensor.empty_strided(x.shape, x.stride(), x.dtype, card)
+        nbytes += tensor.write(out, x).device_bytes
+        return out
+
     returns = host_out if isinstance(host_out, tuple) else (host_out,)
-    device_returns = []
-    for r, (arg_index, _) in zip(returns, aliases + [(None, False)] * (len(returns) - len(aliases))):
-        if arg_index is not None:
-            device_returns.append(bound[arg_index])
-            continue
-
-        def upload(x):
-            nonlocal nbytes
-            if not isinstance(x, torch.Tensor):
-                return x
-            out = tensor.empty_strided(x.shape, x.stride(), x.dtype, card)
-            nbytes += tensor.write(out, x).device_bytes
-            return out
-
-        device_returns.append(tree_map(upload, r))
+    aliases = info.returns + ((None, False),) * (len(returns) - len(info.returns))
+    device_returns = [bound[i] if i is not None else _map(upload, r) for r, (i, _) in zip(returns, aliases)]
     result = tuple(device_returns) if isinstance(host_out, tuple) else device_returns[0]
 
     flops = _flops(op, host_args, host_kwargs, host_out)
     rt.current_stream(card).enqueue(
-        op.name(), roofline_seconds(flops, nbytes), kind="fallback", resource="compute",
+        f"aten::{info.name}", roofline_seconds(flops, nbytes), kind="fallback", resource="compute",
         details={"flops": flops, "bytes": nbytes},
     )
     return result

@@ -16,6 +16,7 @@ A view whose dtype differs from the storage's (``x.view(torch.int16)``, byte vie
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -46,6 +47,12 @@ def is_dense(size: Sequence[int], stride: Sequence[int]) -> bool:
     return _dense_order(size, stride) is not None
 
 
+@functools.lru_cache(maxsize=4096)
+def stick_layout(host_shape: tuple[int, ...], stick_dim: int, device_dtype: str) -> StickLayout:
+    """Layouts are immutable: one object per distinct layout keeps its derived figures computed once."""
+    return StickLayout(host_shape, stick_dim, device_dtype)
+
+
 def layout_for(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> StickLayout:
     """The default layout of a new storage for a tensor of ``size``/``stride``.
 
@@ -56,9 +63,9 @@ def layout_for(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -
     ddt = dtypes.device_dtype(dtype)
     order = _dense_order(size, stride)
     if order is not None:
-        return StickLayout(tuple(size[d] for d in order), -1, ddt)
+        return stick_layout(tuple(int(size[d]) for d in order), -1, ddt)
     needed = 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(s > 0 for s in size) else 0
-    return StickLayout((needed,), 0, ddt)
+    return stick_layout((int(needed),), 0, ddt)
 
 
 def contiguous_strides(size: Sequence[int]) -> list[int]:
