@@ -38,6 +38,8 @@ from torch_spyre.program import (
     SpTensor,
 )
 
+TOLERANCE_RATIO = 0.2  # the gain of scratchpad planning is met even where the absolute times cannot be
+
 STICK = 128
 FP16 = "dlfloat16"
 DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "calibration.md"
@@ -379,7 +381,8 @@ def _softmax_pair(config: CardConfig, rt_prog: Program, sp_prog: Program, origin
         Point("softmax_scratchpad", f"softmax 512x1024 fp16, one core, planned in scratchpad ({origin})",
               sp.total_s, published[1], "us", tolerance, _bounds_note(sp), origin),
         Point("softmax_ratio", f"softmax: round trip / scratchpad ({origin})", rt.total_s / sp.total_s,
-              published[0] / published[1], "x", None, "compared: depends on how the two programs are written", origin),
+              published[0] / published[1], "x", TOLERANCE_RATIO,
+              "what planning in scratchpad buys (asserted for both pairs of programs)", origin),
     ]
 
 

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-# benchmarks/ is not an installed package: make the repository root importable.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from benchmarks import calibration as cal  # noqa: E402
+from benchmarks import calibration as cal
 from torch_spyre.card.config import CardConfig
 
 CFG = CardConfig()
@@ -33,6 +28,14 @@ def test_point_within_tolerance(points, key):
 @pytest.mark.parametrize("key", ["softmax_roundtrip", "softmax_scratchpad"])
 def test_softmax_absolute_times(points, key):
     assert abs(points[key].error) <= TOLERANCE
+
+
+@pytest.mark.parametrize("key", ["softmax_ratio", "softmax_ratio_own"])
+def test_scratchpad_planning_gain_matches_the_published_ratio(points, key):
+    """The absolute softmax times cannot be met (below), but what planning in scratchpad buys can:
+    IBM measured 32.51 us -> 23.67 us (1.37x); both pairs of programs must show that within 20 %."""
+    p = points[key]
+    assert abs(p.error) <= TOLERANCE, f"{p.what}: model {p.model:.3f}x vs published {p.published:.3f}x"
 
 
 def test_softmax_pair_is_inconsistent_with_lpddr5():

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import math
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +12,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 # benchmarks/ is not an installed package: make the repository root importable.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.programs import (  # noqa: E402
     ALL_BUILDERS,

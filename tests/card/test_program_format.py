@@ -4,12 +4,9 @@ clear errors for corrupt or truncated program files."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.programs import ALL_BUILDERS  # noqa: E402
 from torch_spyre.program import (  # noqa: E402

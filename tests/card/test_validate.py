@@ -3,12 +3,9 @@ message naming the core and the instruction."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.programs import ALL_BUILDERS, DeviceTensor, ew  # noqa: E402
 from torch_spyre.card import load_config  # noqa: E402

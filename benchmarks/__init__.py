@@ -1,0 +1,1 @@
+"""Benchmark scripts and the hand-written programs that tests also run."""
