@@ -137,3 +137,13 @@ def test_module_in_half_precision(dtype):
     x = torch.randn(2, 8, dtype=dtype)
     out = lin.to("spyre")(x.to("spyre")).cpu()
     assert out.dtype == dtype and torch.allclose(out.float(), lin.cpu()(x).float(), atol=0.05, rtol=0.05)
+
+
+def test_resize_keeps_elements_and_shrinks_in_place():
+    t = torch.arange(4.0).to("spyre")
+    ptr = t.untyped_storage().data_ptr()
+    t.resize_(2, 2)
+    assert t.untyped_storage().data_ptr() == ptr and t.cpu().tolist() == [[0.0, 1.0], [2.0, 3.0]]
+    t.resize_(10)
+    assert t[:4].cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert torch_spyre.get_layout(t).stick_layout.numel == 10

@@ -139,3 +139,13 @@ def test_stream_api_mirrors_cuda():
     with pytest.raises(RuntimeError, match="enable_timing"):
         torch.spyre.Event().elapsed_time(torch.spyre.Event())
     assert not math.isnan(torch.spyre.current_stream().ready_at)
+
+
+def test_pinned_host_memory_and_non_blocking_host_to_device():
+    x = torch.randn(64, 64)
+    p = x.pin_memory()
+    assert torch.equal(p, x) and p.data_ptr() != x.data_ptr()
+    d = p.to("spyre", non_blocking=True)
+    assert torch.equal(d.cpu(), x)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=16, pin_memory=True)
+    assert sum(batch.to("spyre", non_blocking=True).sum().item() for (batch,) in loader) == pytest.approx(x.sum().item(), rel=1e-4)

@@ -32,15 +32,6 @@ def config() -> CardConfig:
         return _config
 
 
-def reset(new_config: CardConfig | None = None) -> None:
-    """Forget all cards (and their memory) and reload the configuration. For tests and tools."""
-    global _config
-    with _lock:
-        _config = new_config
-        _cards.clear()
-        _generators.clear()
-
-
 def device_count() -> int:
     return config().num_cards
 

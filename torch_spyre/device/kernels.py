@@ -11,7 +11,8 @@ from . import cards, copy, storage, tensor
 
 
 def _card(device) -> int:
-    return cards.index_of(device if device is not None else None)
+    """Card index of a factory's ``device`` argument (``spyre`` without an index: the current card)."""
+    return cards.index_of(device)
 
 
 def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
@@ -43,6 +44,18 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
         out = torch.empty(self.shape, dtype=dtype, device=device, memory_format=fmt)
     out.copy_(self, non_blocking=non_blocking)
     return out
+
+
+def pin_memory(self, device=None):
+    """``aten::_pin_memory`` of a CPU tensor for spyre (registered for the CPU key).
+
+    The simulated card DMAs from any host memory, and a Python backend cannot provide torch's pinned
+    allocator: ``x.pin_memory()`` returns a copy in ordinary memory (``is_pinned()`` stays False), so
+    ``x.pin_memory().to("spyre", non_blocking=True)`` and ``DataLoader(pin_memory=True)`` work.
+    """
+    if device is not None and torch.device(device).type != "spyre":
+        raise RuntimeError(f"cannot pin memory for {device}: the accelerator is spyre")
+    return self.clone(memory_format=torch.contiguous_format)
 
 
 def copy_from(self, dst, non_blocking=False):
@@ -109,6 +122,7 @@ KERNELS: dict[str, object] = {
     "empty_strided": empty_strided,
     "_to_copy": to_copy,
     "_copy_from": copy_from,
+    "_pin_memory": pin_memory,
     "_copy_from_and_resize": copy_from_and_resize,
     "resize_": resize_,
     "set_.source_Storage": set_source_storage,

@@ -88,6 +88,7 @@ def register() -> None:
             aten.impl(name, _forward(name), "PrivateUse1")
         for name in METADATA_OPS:
             aten.impl(name, _cpu_metadata(name), "PrivateUse1")
+        aten.impl("_pin_memory", _forward("_pin_memory"), "CPU")  # pinning for spyre (see kernels.py)
         catch_all = torch.library.Library("_", "IMPL")
         catch_all.fallback(_fallback, "PrivateUse1")
         _libraries.extend([aten, catch_all])
