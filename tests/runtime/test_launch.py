@@ -348,3 +348,19 @@ def test_stream_of_another_card(card):
 
 def test_unsupported_binding_type(card):
     _bad(card, lambda c, ax, ay, aout: {"x": ax, "y": ay, "out": "memory"}, r"operand 'out'.*cannot bind a str")
+
+
+def test_launch_neither_validates_nor_times_again(card, monkeypatch):
+    import torch_spyre.runtime.launch as launch_mod
+
+    n = 8 * F32_PER_STICK
+    x, y, ax, ay, aout = buffers(card, n)
+    p = prepare(add_program(8, 2), card)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("launch must reuse what prepare computed")
+
+    monkeypatch.setattr(launch_mod, "validate", forbidden)
+    monkeypatch.setattr(launch_mod, "time_program", forbidden)
+    launch(p, {"x": ax, "y": ay, "out": aout})
+    np.testing.assert_array_equal(get(card, aout, n), x + y)

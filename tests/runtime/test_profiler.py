@@ -168,3 +168,12 @@ def test_on_trace_ready_is_called_when_profiling_stops(cards):
     with profiler.profile(on_trace_ready=seen.append, activities=["spyre"], record_shapes=True) as prof:
         run(cards[0])
     assert seen == [prof]
+
+
+def test_start_and_stop_without_a_with_block(cards):
+    prof = profiler.profile()
+    prof.start()
+    run(cards[0], "started")
+    prof.stop()
+    run(cards[0], "after stop")
+    assert [e.name for e in prof.events()] == ["started"]
