@@ -116,15 +116,16 @@ def test_chrome_trace_has_a_process_per_card_and_tracks_per_stream_pcie_core_eng
     trace = json.loads(path.read_text())
     meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
     procs = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
-    assert procs == {cards[0].index: f"spyre:{cards[0].index}", cards[1].index: f"spyre:{cards[1].index}"}
+    # One process per card; pid and tid 0 are avoided (Perfetto reserves them for the idle task).
+    pid0, pid1 = cards[0].index + 1, cards[1].index + 1
+    assert procs == {pid0: f"spyre:{cards[0].index}", pid1: f"spyre:{cards[1].index}"}
     threads = {(e["pid"], e["args"]["name"]) for e in meta if e["name"] == "thread_name"}
-    c0, c1 = cards[0].index, cards[1].index
-    assert (c0, f"stream {s.stream_id}") in threads and (c0, "PCIe h2d") in threads
-    assert (c1, "stream 0 (default)") in threads
-    for prep, c in ((p0, c0), (p1, c1)):
-        expected = {(c, f"core {iv.core:02d} {iv.engine}") for iv in prep.timing.intervals}
+    assert (pid0, f"stream {s.stream_id}") in threads and (pid0, "PCIe h2d") in threads
+    assert (pid1, "stream 0 (default)") in threads
+    for prep, pid in ((p0, pid0), (p1, pid1)):
+        expected = {(pid, f"core {iv.core:02d} {iv.engine}") for iv in prep.timing.intervals}
         assert expected <= threads
-    assert not any(name.startswith("core 02") for pid, name in threads if pid == c1)  # k1 used 2 cores
+    assert not any(name.startswith("core 02") for pid, name in threads if pid == pid1)  # k1 used 2 cores
     xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     n_intervals = len(list(p0.timing.intervals)) + len(list(p1.timing.intervals))
     assert len(xs) == 3 + 1 + n_intervals  # 3 stream records, the copy again on PCIe, every interval
@@ -134,6 +135,8 @@ def test_chrome_trace_has_a_process_per_card_and_tracks_per_stream_pcie_core_eng
     # Every event sits on a track that has a name.
     named = {(e["pid"], e["tid"]) for e in meta if e["name"] == "thread_name"}
     assert {(e["pid"], e["tid"]) for e in xs} <= named
+    assert all(e["pid"] > 0 for e in trace["traceEvents"])
+    assert all(e["tid"] > 0 for e in trace["traceEvents"] if e["ph"] == "X" or e["name"].startswith("thread_"))
 
 
 def test_timeline_png_is_written_and_not_blank(cards, tmp_path):

@@ -295,20 +295,30 @@ def chrome_trace(records: list[_stream.WorkRecord]) -> dict[str, Any]:
     intervals = {id(r): list(kernel_intervals(r)) for r in records if r.kind == "kernel"}
     engines = sorted({iv.engine for ivs in intervals.values() for iv in ivs}, key=_engine_rank)
     for rec in records:
-        tid = rec.stream_id
-        tracks[(rec.card, tid)] = _stream_label(rec.stream_id)
-        events.append(_x_event(rec.name, rec.kind, rec.card, tid, rec.start, rec.end, _trace_args(rec)))
+        pid, tid = _card_pid(rec.card), _stream_tid(rec.stream_id)
+        tracks[(pid, tid)] = _stream_label(rec.stream_id)
+        events.append(_x_event(rec.name, rec.kind, pid, tid, rec.start, rec.end, _trace_args(rec)))
         if rec.resource in _PCIE_TID:
             ptid = _PCIE_TID[rec.resource]
-            tracks[(rec.card, ptid)] = f"PCIe {rec.resource}"
-            events.append(_x_event(rec.name, rec.kind, rec.card, ptid, rec.start, rec.end, _trace_args(rec)))
+            tracks[(pid, ptid)] = f"PCIe {rec.resource}"
+            events.append(_x_event(rec.name, rec.kind, pid, ptid, rec.start, rec.end, _trace_args(rec)))
         for iv in intervals.get(id(rec), ()):
             ctid = _CORE_TID_BASE + iv.core * len(engines) + engines.index(iv.engine)
-            tracks[(rec.card, ctid)] = f"core {iv.core:02d} {iv.engine}"
-            events.append(_x_event(iv.op, iv.engine, iv.card, ctid, iv.start, iv.end,
+            tracks[(pid, ctid)] = f"core {iv.core:02d} {iv.engine}"
+            events.append(_x_event(iv.op, iv.engine, pid, ctid, iv.start, iv.end,
                                    {"program": iv.program, "index": iv.index}))
     return {"traceEvents": _metadata(tracks) + events, "displayTimeUnit": "ns",
             "otherData": {"clock": "simulated Spyre device time (us)", "source": "torch_spyre.profiler"}}
+
+
+# Perfetto treats pid 0 and tid 0 as the kernel's idle task: card N is process N + 1, and stream S
+# (the default stream is 0) is thread S + 1.
+def _card_pid(card: int) -> int:
+    return card + 1
+
+
+def _stream_tid(stream_id: int) -> int:
+    return stream_id + 1
 
 
 def _stream_label(stream_id: int) -> str:
@@ -333,8 +343,8 @@ def _trace_args(rec: _stream.WorkRecord) -> dict[str, Any]:
 
 def _metadata(tracks: dict[tuple[int, int], str]) -> list[dict[str, Any]]:
     meta = []
-    for pid in sorted({p for p, _ in tracks}):
-        meta.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"spyre:{pid}"}})
+    for pid in sorted({p for p, _ in tracks}):  # process-wide metadata names thread 0, as torch's traces do
+        meta.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"spyre:{pid - 1}"}})
         meta.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
     for (pid, tid), name in sorted(tracks.items()):
         meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
