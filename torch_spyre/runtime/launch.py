@@ -262,7 +262,9 @@ def launch(prepared: PreparedProgram, bindings: Mapping[str, Binding], stream: _
     """Run ``prepared`` on its card with ``bindings`` (operand name -> device memory), queued on ``stream``.
 
     Results are in device memory when this returns; the returned record says when, in simulated device
-    time, the card ran the program. A bad binding raises :class:`BindingError` and changes nothing.
+    time, the card ran the program. A bad binding raises :class:`BindingError` and changes nothing. A
+    program that fails while executing (``card.execute.ExecutionError``) does not advance the clock, but
+    may have written part of its outputs, as a faulting kernel would on a real card.
     """
     card = prepared.card
     stream = _resolve_stream(prepared, stream)
