@@ -364,3 +364,17 @@ def test_launch_neither_validates_nor_times_again(card, monkeypatch):
     monkeypatch.setattr(launch_mod, "time_program", forbidden)
     launch(p, {"x": ax, "y": ay, "out": aout})
     np.testing.assert_array_equal(get(card, aout, n), x + y)
+
+
+def test_a_program_failing_during_execution_does_not_advance_the_clock(card):
+    from torch_spyre.card.execute import ExecutionError
+
+    # Two cores store to the same output stick with nothing ordering them: a race the card reports.
+    body = {c: [DmaLoad(Addr("x", 0), 0, DmaPattern.contiguous(1)), DmaStore(Addr("out", 0), 0, DmaPattern.contiguous(1))]
+            for c in (0, 1)}
+    prog = Program("racy", [Operand("x", 128), Operand("out", 128, "out")], body)
+    p = prepare(prog, card)
+    x, out = card.memory.allocate(128), card.memory.allocate(128)
+    with pytest.raises(ExecutionError):
+        launch(p, {"x": x, "out": out})
+    assert p.launches == 0 and S.clock(CARD).now == 0.0
