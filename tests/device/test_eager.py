@@ -101,6 +101,10 @@ def test_factories_and_random_ops_on_spyre():
     torch.spyre.manual_seed(123)
     b = torch.randn(4, 4, device="spyre")
     assert torch.equal(a.cpu(), b.cpu())
+    state = torch.spyre.get_rng_state()
+    c = torch.rand(3, device="spyre")
+    torch.spyre.set_rng_state(state)
+    assert torch.equal(torch.rand(3, device="spyre").cpu(), c.cpu())
     assert torch.arange(5, device="spyre").cpu().tolist() == [0, 1, 2, 3, 4]
     assert torch.full((2,), 7, dtype=torch.int32, device="spyre").cpu().tolist() == [7, 7]
     assert torch.eye(3, device="spyre").sum().item() == 3.0

@@ -129,3 +129,32 @@ def test_accounting_survives_many_short_lived_tensors(settled):
         y = x * 2
     del x, y
     assert settled() == base
+
+
+def test_small_card_reclaims_dead_tensors_before_refusing(run_python):
+    r = run_python(
+        """
+        import torch, torch_spyre
+        cap = torch.spyre.mem_get_info()[1]
+        for _ in range(50):                      # each 0.4 MiB tensor replaces the previous one
+            x = torch.ones(100 * 1024, device="spyre")
+        keep = [torch.ones(100 * 1024, device="spyre")]
+        before = {k: v for k, v in torch.spyre.memory_stats().items() if k != "num_ooms"}
+        try:
+            while True:
+                keep.append(torch.ones(100 * 1024, device="spyre"))
+        except torch.OutOfMemoryError as e:
+            print("oom after", len(keep), "tried to allocate 409600 bytes" in str(e))
+        after = {k: v for k, v in torch.spyre.memory_stats().items() if k != "num_ooms"}
+        print("allocated", after["allocated_bytes.all.current"], "of", cap)
+        keep.pop()
+        y = torch.ones(100 * 1024, device="spyre")   # works again once something is freed
+        print("ok", y.sum().item())
+        """,
+        env={"TORCH_SPYRE_DRAM_CAPACITY_BYTES": str(1 << 20)},
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "oom after 1 True"  # x (still alive) + 1 kept: a third 400 KiB block does not fit in 1 MiB
+    assert lines[1] == f"allocated {2 * 409600} of {1 << 20}"
+    assert lines[2] == "ok 102400.0"
