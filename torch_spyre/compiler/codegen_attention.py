@@ -50,11 +50,13 @@ from torch_spyre.compiler.codegen_gather import (
     check_owns_sticks,
     device_dtype_of,
     dma_tile,
+    dram_runs,
     sp_bytes,
 )
 from torch_spyre.compiler.decisions import BufferDecision, KernelDecisions
 from torch_spyre.compiler.scratchpad import ScratchpadOverflowError, SpBuffer, plan
 from torch_spyre.program import (
+    SP_DTYPES,
     STICK_BYTES,
     Elementwise,
     Instruction,
@@ -83,7 +85,7 @@ MAX_TILE_ROWS = 512  # rows of a stacked Q tile (heads_per_tile * block_q)
 class AttentionSpec:
     """One SDPA call with static shapes. Each operand is a :class:`TensorArg` (buffer name, layout and
     view); q/k/v/out share one dtype (fp16/bf16 -> DLFloat16 on the card, or fp32). ``block_q``,
-    ``block_k`` and ``heads_per_tile`` force the tiling (None: chosen by the cost model)."""
+    ``block_k``, ``heads_per_tile`` and ``batches_per_tile`` force the tiling (None: chosen by the cost model)."""
 
     query: TensorArg
     key: TensorArg
@@ -97,6 +99,7 @@ class AttentionSpec:
     block_q: int | None = None
     block_k: int | None = None
     heads_per_tile: int | None = None
+    batches_per_tile: int | None = None
     source_ops: tuple[str, ...] = ("aten._scaled_dot_product_flash_attention_for_cpu",)
 
     @staticmethod
@@ -195,15 +198,16 @@ def _broadcast_mask(mask: TensorArg, dims: _Dims) -> TensorArg:
 class Tiling:
     block_q: int
     block_k: int
-    heads_per_tile: int
+    heads_per_tile: int  # query heads of one GQA group stacked in a tile
+    batches_per_tile: int = 1  # batches stacked too: IBM's layout interleaves batch stick by stick
 
     def rows(self) -> int:
-        return self.block_q * self.heads_per_tile
+        return self.block_q * self.heads_per_tile * self.batches_per_tile
 
 
 @dataclass
 class WorkItem:
-    b: int
+    batches: tuple[int, ...]
     kv_head: int
     heads: tuple[int, ...]  # query heads stacked in this tile
     q0: int
@@ -213,13 +217,19 @@ class WorkItem:
 
     @property
     def rows(self) -> int:
+        return self.nq * len(self.heads) * len(self.batches)
+
+    @property
+    def sub_rows(self) -> int:
+        """Rows of one batch's sub-tile (its heads stacked)."""
         return self.nq * len(self.heads)
 
 
 def _work_items(dims: _Dims, t: Tiling, causal: bool) -> list[WorkItem]:
     items = []
     all_blocks = [(k0, min(t.block_k, dims.Lk - k0)) for k0 in range(0, dims.Lk, t.block_k)]
-    for b in range(dims.B):
+    for b0 in range(0, dims.B, t.batches_per_tile):
+        batches = tuple(range(b0, min(dims.B, b0 + t.batches_per_tile)))
         for hk in range(dims.Hkv):
             for g0 in range(0, dims.group, t.heads_per_tile):
                 heads = tuple(hk * dims.group + g0 + i for i in range(t.heads_per_tile))
@@ -227,7 +237,7 @@ def _work_items(dims: _Dims, t: Tiling, causal: bool) -> list[WorkItem]:
                     nq = min(t.block_q, dims.Lq - q0)
                     # Causal: query i sees keys j <= i, so nothing at or past q0 + nq.
                     blocks = [kb for kb in all_blocks if not causal or kb[0] < q0 + nq]
-                    items.append(WorkItem(b, hk, heads, q0, nq, blocks, len(all_blocks) - len(blocks)))
+                    items.append(WorkItem(batches, hk, heads, q0, nq, blocks, len(all_blocks) - len(blocks)))
     return items
 
 
@@ -243,20 +253,42 @@ def _vector_cycles(cfg: CardConfig, elements: int, itemsize: int, transcendental
     return c * (1 + cfg.vector_transcendental_cycles) if transcendental else c
 
 
-def _item_cost(cfg: CardConfig, dims: _Dims, it: WorkItem, has_mask: bool) -> dict[str, float]:
-    """Estimated cycles of one work item on each engine, and its DRAM bytes."""
-    isz, m = dims.itemsize, it.rows
+def _item_cycles(cfg: CardConfig, dims: _Dims, it: WorkItem, has_mask: bool) -> float:
+    """Estimated cycles of one work item: the PE arrays and the vector unit overlap across blocks (the
+    program is software-pipelined), so the busier of the two sets the pace."""
+    isz, m, nb = dims.itemsize, it.rows, len(it.batches)
     pe = vec = 0
-    dram = m * dims.D * isz + m * dims.Dv * isz
-    for k0, nk in it.k_blocks:
-        pe += _matmul_cycles(cfg, m, dims.D, nk, dims.dtype) + _matmul_cycles(cfg, m, nk, dims.Dv, dims.dtype)
+    for _k0, nk in it.k_blocks:
+        pe += nb * (_matmul_cycles(cfg, it.sub_rows, dims.D, nk, dims.dtype)
+                    + _matmul_cycles(cfg, it.sub_rows, nk, dims.Dv, dims.dtype))
         s = m * nk
-        vec += _vector_cycles(cfg, s, 4) * 3 + _vector_cycles(cfg, s, 4, True)  # (mask) max, fma, exp
+        vec += _vector_cycles(cfg, s, 4) * (2 + has_mask) + _vector_cycles(cfg, s, 4, True)  # mask, max, fma, exp
         vec += _vector_cycles(cfg, s, isz) + _vector_cycles(cfg, m * dims.Dv, 4)  # rowsum, rescale
-        if has_mask:
-            vec += _vector_cycles(cfg, s, 4)
-        dram += nk * (dims.D + dims.Dv) * isz
-    return {"pe": pe, "vector": vec, "dram_bytes": dram}
+    return max(pe, vec) + _vector_cycles(cfg, m * dims.Dv, 4)
+
+
+def _dram_seconds(cfg: CardConfig, spec: AttentionSpec, dims: _Dims, items: list[WorkItem], mask: TensorArg | None) -> float:
+    """DRAM time of all items (shared by every core): bytes at the read/write bandwidths, each contiguous
+    burst paying the configured overhead (measured on the first item's actual stick sets)."""
+    it = items[0]
+    k0, nk = it.k_blocks[0]
+    over = cfg.dram_run_overhead_bytes
+
+    def cost(arg: TensorArg, heads: tuple[int, ...], r0: int, n: int, ncols: int) -> float:
+        dev = _tile_sticks(arg, it.batches, heads, r0, n, 0, ncols)[0]
+        return dev.size * STICK_BYTES + dram_runs(dev) * over
+
+    q = cost(spec.query, it.heads, it.q0, it.nq, dims.D)
+    o = cost(spec.out, it.heads, it.q0, it.nq, dims.Dv)
+    kv = (cost(spec.key, (it.kv_head,), k0, nk, dims.D) + cost(spec.value, (it.kv_head,), k0, nk, dims.Dv)) / nk
+    m = 0.0
+    if mask is not None:
+        dev = _mask_sticks(mask, it, k0, nk)[0]
+        m = (dev.size * STICK_BYTES + dram_runs(dev) * over) / nk
+    scale_rows = lambda x: x / it.nq  # noqa: E731  (per query row of the first item)
+    reads = sum(scale_rows(q) * i.nq + (kv + m) * sum(n for _, n in i.k_blocks) for i in items)
+    writes = sum(scale_rows(o) * i.nq for i in items)
+    return reads / cfg.dram_read_bandwidth + writes / cfg.dram_write_bandwidth
 
 
 def _assign(costs: list[float], cores: int) -> list[list[int]]:
@@ -270,36 +302,46 @@ def _assign(costs: list[float], cores: int) -> list[list[int]]:
     return [sorted(x) for x in out]
 
 
-def _estimate(cfg: CardConfig, dims: _Dims, t: Tiling, causal: bool, has_mask: bool) -> dict[str, Any]:
-    """Kernel time estimate of a tiling: per core max(PE, vector, DRAM share), cores balanced by LPT."""
-    items = _work_items(dims, t, causal)
-    costs = [_item_cost(cfg, dims, it, has_mask) for it in items]
+def _estimate(cfg: CardConfig, spec: AttentionSpec, dims: _Dims, t: Tiling, mask: TensorArg | None) -> dict[str, Any]:
+    """Kernel time estimate of a tiling: max(slowest core's compute, DRAM time of all cores) + fixed cost."""
+    items = _work_items(dims, t, spec.is_causal)
+    cycles = [_item_cycles(cfg, dims, it, mask is not None) for it in items]
     n_cores = min(cfg.num_cores, len(items))
-    dram_bw = min(cfg.dma_bytes_per_cycle * cfg.clock_hz, cfg.dram_read_bandwidth / n_cores)
-    cycles = [max(c["pe"], c["vector"], c["dram_bytes"] / dram_bw * cfg.clock_hz) for c in costs]
-    per_core = _assign(cycles, n_cores)
-    makespan = max(sum(cycles[i] for i in core) for core in per_core)
-    return {"block_q": t.block_q, "block_k": t.block_k, "heads_per_tile": t.heads_per_tile, "items": len(items),
-            "cores": n_cores, "est_us": round((makespan / cfg.clock_hz + cfg.kernel_fixed_cost_s) * 1e6, 2)}
+    compute_s = max(sum(cycles[i] for i in core) for core in _assign(cycles, n_cores)) / cfg.clock_hz
+    dram_s = _dram_seconds(cfg, spec, dims, items, mask)
+    return {"block_q": t.block_q, "block_k": t.block_k, "heads_per_tile": t.heads_per_tile,
+            "batches_per_tile": t.batches_per_tile, "items": len(items), "cores": n_cores,
+            "est_compute_us": round(compute_s * 1e6, 2), "est_dram_us": round(dram_s * 1e6, 2),
+            "est_us": round((max(compute_s, dram_s) + cfg.kernel_fixed_cost_s) * 1e6, 2)}
 
 
-def _candidates(dims: _Dims, spec: AttentionSpec, uniform_groups: list[int]) -> list[Tiling]:
+def _lane_table(arg: TensorArg, batches: int, heads: int, ncols: int) -> np.ndarray:
+    """[B, H] lane offset of each (batch, head)'s rows; rows stacked in one tile must share it."""
+    lead = np.array([[b, h, 0] for b in range(batches) for h in range(heads)])
+    host = arg.host_index(np.concatenate([lead, np.zeros((len(lead), 1), dtype=np.int64)], axis=1))
+    return (arg.layout.device_offsets(host) % arg.lanes).reshape(batches, heads)
+
+
+def _candidates(dims: _Dims, spec: AttentionSpec) -> list[Tiling]:
+    """Tilings to consider: block sizes no bigger than the lengths need, heads of one GQA group and
+    batches stacked only when their Q rows share a lane offset (e.g. heads of 32 elements in a fused qkv
+    buffer start at lanes 0 and 32: those cannot share a tile)."""
+    lanes = _lane_table(spec.query, dims.B, dims.Hq, dims.D)
+
+    def uniform(nb: int, g: int) -> bool:
+        return all(np.unique(lanes[b:b + nb, h:h + g]).size == 1
+                   for b in range(0, dims.B, nb) for h in range(0, dims.Hq, g))
+
     bq = [spec.block_q] if spec.block_q else [b for b in BLOCK_Q_CHOICES if b < 2 * dims.Lq] or [BLOCK_Q_CHOICES[0]]
     bk = [spec.block_k] if spec.block_k else [b for b in BLOCK_K_CHOICES if b < 2 * dims.Lk] or [BLOCK_K_CHOICES[0]]
-    gs = [spec.heads_per_tile] if spec.heads_per_tile else uniform_groups
-    out = [Tiling(q, k, g) for q in bq for k in bk for g in gs]
-    return [t for t in out if t.rows() <= MAX_TILE_ROWS] or out
-
-
-def _uniform_groups(spec: AttentionSpec, dims: _Dims) -> list[int]:
-    """Heads per tile that divide the GQA group and keep the stacked Q rows at one lane offset (a Q view
-    whose heads start mid-stick, e.g. heads of 32 in a fused qkv buffer, cannot be stacked)."""
-    lane0 = [spec.query.row_sticks(np.array([[0, h, 0]]), 0, dims.D)[1] for h in range(dims.Hq)]
-    out = []
-    for g in range(1, dims.group + 1):
-        if dims.group % g == 0 and all(len({lane0[h0 + i] for i in range(g)}) == 1 for h0 in range(0, dims.Hq, g)):
-            out.append(g)
-    return out
+    gs = [spec.heads_per_tile] if spec.heads_per_tile else [g for g in range(1, dims.group + 1) if dims.group % g == 0]
+    nbs = [spec.batches_per_tile] if spec.batches_per_tile else [n for n in range(1, dims.B + 1) if dims.B % n == 0]
+    out = [Tiling(q, k, g, n) for q in bq for k in bk for g in gs for n in nbs
+           if dims.group % g == 0 and uniform(n, g)]
+    if not out:
+        raise CodegenError(f"sdpa {spec.name}: heads_per_tile={spec.heads_per_tile}, batches_per_tile="
+                           f"{spec.batches_per_tile} do not divide the GQA group / batch, or stack rows at different lanes")
+    return [t for t in out if t.rows() <= MAX_TILE_ROWS] or out[:1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,58 +351,72 @@ def _ceil_to(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def _row_lanes(arg: TensorArg, ncols: int, lane0s: list[int] | None = None) -> int:
+def _row_lanes(arg: TensorArg, ncols: int, lane0s: np.ndarray | None = None) -> int:
     """Lanes per scratchpad row for rows of ``ncols`` elements of ``arg``: the sticks covering them at
     the worst lane offset (``lane0s`` when known, else any)."""
-    lanes = arg.lanes
-    worst = max(lane0s) if lane0s is not None else lanes - 1
-    return -(-(worst + ncols) // lanes) * lanes
+    worst = int(np.max(lane0s)) if lane0s is not None else arg.lanes - 1
+    return _ceil_to(worst + ncols, arg.lanes)
 
 
-def _row_widths(spec: AttentionSpec, dims: _Dims, mask: TensorArg | None, block_k: int) -> dict[str, int]:
-    def lane0s(arg: TensorArg, heads: int, ncols: int) -> list[int]:
-        return [arg.row_sticks(np.array([[b, h, 0]]), 0, ncols)[1] for b in range(dims.B) for h in range(heads)]
-
-    w = {"q": _row_lanes(spec.query, dims.D, lane0s(spec.query, dims.Hq, dims.D)),
-         "k": _row_lanes(spec.key, dims.D, lane0s(spec.key, dims.Hkv, dims.D)),
-         "v": _row_lanes(spec.value, dims.Dv, lane0s(spec.value, dims.Hkv, dims.Dv)),
+def _row_widths(spec: AttentionSpec, dims: _Dims, mask: TensorArg | None) -> dict[str, int]:
+    w = {"q": _row_lanes(spec.query, dims.D, _lane_table(spec.query, dims.B, dims.Hq, dims.D)),
+         "k": _row_lanes(spec.key, dims.D, _lane_table(spec.key, dims.B, dims.Hkv, dims.D)),
+         "v": _row_lanes(spec.value, dims.Dv, _lane_table(spec.value, dims.B, dims.Hkv, dims.Dv)),
          "o": _ceil_to(dims.Dv, spec.out.lanes)}
     if mask is not None:
-        w["mask"] = _row_lanes(mask, block_k)
+        w["mask"] = _row_lanes(mask, 0)  # plus the block's columns, added per tiling
     return w
+
+
+def _mask_tile_dims(mask: TensorArg, t: Tiling) -> tuple[int, int, int]:
+    """(batches, heads, rows) of a mask tile: 1 where the mask broadcasts."""
+    return (t.batches_per_tile if mask.strides[0] else 1, t.heads_per_tile if mask.strides[1] else 1,
+            t.block_q if mask.strides[2] else 1)
 
 
 def _buffers(dims: _Dims, t: Tiling, mask: TensorArg | None, causal: bool, w: dict[str, int]) -> list[SpBuffer]:
     """Every scratchpad buffer of one core, two of each that alternates (per item or per block). All are
     live for the whole kernel, since items and blocks reuse them in turn."""
-    M, Bc, isz = t.rows(), t.block_k, dims.itemsize
+    M, Bc, isz, nb = t.rows(), t.block_k, dims.itemsize, t.batches_per_tile
     b: list[SpBuffer] = []
     for p in range(2):
         b += [SpBuffer(f"q{p}", sp_bytes(isz, M, w["q"])), SpBuffer(f"acc{p}", sp_bytes(4, M, dims.Dv)),
               SpBuffer(f"o{p}", sp_bytes(isz, M, w["o"])), SpBuffer(f"l{p}", sp_bytes(4, M)),
-              SpBuffer(f"k{p}", sp_bytes(isz, Bc, w["k"])), SpBuffer(f"v{p}", sp_bytes(isz, Bc, w["v"])),
+              SpBuffer(f"k{p}", sp_bytes(isz, nb * Bc, w["k"])), SpBuffer(f"v{p}", sp_bytes(isz, nb * Bc, w["v"])),
               SpBuffer(f"s{p}", sp_bytes(4, M, Bc)), SpBuffer(f"p{p}", sp_bytes(isz, M, Bc)),
               SpBuffer(f"nm{p}", sp_bytes(4, M)), SpBuffer(f"alpha{p}", sp_bytes(4, M)),
               SpBuffer(f"mcur{p}", sp_bytes(4, M)), SpBuffer(f"lcur{p}", sp_bytes(4, M))]
         if mask is not None:
-            mh = t.heads_per_tile if mask.strides[1] else 1
-            mq = t.block_q if mask.strides[2] else 1
-            b.append(SpBuffer(f"mask{p}", sp_bytes(mask.layout.itemsize, mh, mq, w["mask"])))
+            mb, mh, mq = _mask_tile_dims(mask, t)
+            b.append(SpBuffer(f"mask{p}", sp_bytes(mask.layout.itemsize, mb, mh, mq, w["mask"] + Bc)))
     if causal:
         b.append(SpBuffer("causal", sp_bytes(4, 2 * (t.block_q + Bc))))
     return b
 
 
 # ---------------------------------------------------------------------------------------------
+# Tiles of device sticks
+# ---------------------------------------------------------------------------------------------
+def _tile_sticks(arg: TensorArg, batches: tuple[int, ...], heads: tuple[int, ...], r0: int, n: int, c0: int,
+                 ncols: int) -> tuple[np.ndarray, int]:
+    """Device sticks [len(batches), len(heads), n, k] of rows [r0, r0+n) x columns [c0, c0+ncols) of a 4-d
+    view, in scratchpad order (batch, head, row, stick), and the rows' common lane offset."""
+    bb, hh, rr = np.meshgrid(np.asarray(batches), np.asarray(heads), np.arange(r0, r0 + n), indexing="ij")
+    lead = np.stack([bb.reshape(-1), hh.reshape(-1), rr.reshape(-1)], axis=1)
+    dev, lane0 = arg.row_sticks(lead, c0, ncols)
+    return dev.reshape(len(batches), len(heads), n, -1), lane0
+
+
+def _mask_sticks(mask: TensorArg, it: WorkItem, k0: int, nk: int) -> tuple[np.ndarray, int]:
+    batches = it.batches if mask.strides[0] else it.batches[:1]
+    heads = it.heads if mask.strides[1] else it.heads[:1]
+    rows = it.nq if mask.strides[2] else 1
+    return _tile_sticks(mask, batches, heads, it.q0, rows, k0, nk)
+
+
+# ---------------------------------------------------------------------------------------------
 # Emission
 # ---------------------------------------------------------------------------------------------
-def _sp(buf: dict[str, int], name: str, dtype: str, shape: tuple[int, ...], strides: tuple[int, ...] | None = None,
-        elem_offset: int = 0) -> SpTensor:
-    from torch_spyre.program import SP_DTYPES
-
-    return SpTensor(buf[name] + elem_offset * SP_DTYPES[dtype], dtype, shape, strides)
-
-
 def _ew(op: str, out: SpTensor, *inputs: SpTensor | float) -> Elementwise:
     return Elementwise(op, out, tuple(x if isinstance(x, SpTensor) else Scalar(x) for x in inputs))
 
@@ -370,155 +426,186 @@ def _bcast_rows(col: SpTensor, cols: int) -> SpTensor:
     return SpTensor(col.offset, col.dtype, (col.shape[0], cols), (col.strides[0], 0))
 
 
+@dataclass
+class _Step:
+    """One K/V block of one item, with the views its two halves share."""
+
+    item: WorkItem
+    parity: int  # item parity: q, acc, o, l buffers
+    bp: int  # block parity: k, v, s, p, mask and the small per-block columns
+    k0: int
+    nk: int
+    first: bool
+    last: bool
+    kt: list[SpTensor] = field(default_factory=list)  # per batch: K^T [D, nk]
+    v: list[SpTensor] = field(default_factory=list)  # per batch: V [nk, Dv]
+    mask: SpTensor | None = None
+
+
 class _CoreEmitter:
-    """Emits one core's instructions for its work items."""
+    """Emits one core's instructions. The core's (item, block) steps form one software pipeline: the
+    QK^T of step n+1 (and its loads) is issued before the softmax and PV of step n, so the PE arrays
+    work on the next block while the vector unit does this one's softmax."""
 
     def __init__(self, spec: AttentionSpec, dims: _Dims, t: Tiling, mask: TensorArg | None, buf: dict[str, int]):
         self.spec, self.dims, self.t, self.mask, self.buf = spec, dims, t, mask, buf
         self.ins: list[Instruction] = []
-        self.block = 0  # global block counter: parity picks the K/V/S/P buffer set
-        self.cdt = dims.dtype  # the dtype P is rounded to for the PE arrays
+        self.pdt = dims.dtype  # the dtype P is rounded to for the PE arrays
         self.stats = {"blocks": 0, "causal_bias_blocks": 0, "skipped_blocks": 0}
         self.prev_nm: SpTensor | None = None
+        self.q: SpTensor | None = None
+
+    def sp(self, name: str, dtype: str, shape: tuple[int, ...], strides: tuple[int, ...] | None = None,
+           elem_offset: int = 0) -> SpTensor:
+        return SpTensor(self.buf[name] + elem_offset * SP_DTYPES[dtype], dtype, shape, strides)
+
+    def run(self, items: list[WorkItem]) -> list[Instruction]:
+        self._prologue()
+        steps: list[_Step] = []
+        for n, it in enumerate(items):
+            self.stats["skipped_blocks"] += it.skipped
+            for j, (k0, nk) in enumerate(it.k_blocks):
+                steps.append(_Step(it, n % 2, len(steps) % 2, k0, nk, j == 0, j == len(it.k_blocks) - 1))
+        if steps:
+            self._scores(steps[0])
+        for n, st in enumerate(steps):
+            if n + 1 < len(steps):
+                self._scores(steps[n + 1])
+            self._softmax_pv(st)
+            if st.last:
+                self._finish(st)
+        return self.ins
 
     # --- set-up ----------------------------------------------------------------------------------
-    def prologue(self) -> None:
+    def _prologue(self) -> None:
         d, t = self.dims, self.t
         if self.spec.is_causal:
             z = t.block_q + t.block_k
-            self.ins += [_ew("copy", _sp(self.buf, "causal", "float32", (z,)), 0.0),
-                         _ew("copy", _sp(self.buf, "causal", "float32", (z,), elem_offset=z), NEG_INF)]
+            self.ins += [_ew("copy", self.sp("causal", "float32", (z,)), 0.0),
+                         _ew("copy", self.sp("causal", "float32", (z,), elem_offset=z), NEG_INF)]
         wo = _ceil_to(d.Dv, self.spec.out.lanes)
         if wo > d.Dv:  # output padding lanes are stored with the row: give them a value once
             for p in range(2):
-                self.ins.append(_ew("copy", _sp(self.buf, f"o{p}", d.dtype, (t.rows(), wo - d.Dv), (wo, 1), d.Dv), 0.0))
+                self.ins.append(_ew("copy", self.sp(f"o{p}", d.dtype, (t.rows(), wo - d.Dv), (wo, 1), d.Dv), 0.0))
 
-    # --- one item --------------------------------------------------------------------------------
-    def item(self, it: WorkItem, parity: int) -> None:
-        d = self.dims
-        q_view = self._load_rows(self.spec.query, f"q{parity}", it.b, it.heads, it.q0, it.nq, d.D)
-        self.stats["skipped_blocks"] += it.skipped
-        for j, (k0, nk) in enumerate(it.k_blocks):
-            self._block(it, parity, q_view, k0, nk, first=(j == 0))
-        self._finish(it, parity)
-
-    def _load_rows(self, arg: TensorArg, bufname: str, b: int, heads: tuple[int, ...], r0: int, n: int,
-                   ncols: int) -> SpTensor:
-        """Load rows [r0, r0+n) of each head in ``heads`` stacked in a tile; return the [len*n, ncols] view."""
-        devs, lane0 = [], None
-        for h in heads:
-            lead = np.stack([np.full(n, b), np.full(n, h), np.arange(r0, r0 + n)], axis=1)
-            dev, l0 = arg.row_sticks(lead, 0, ncols)
-            if lane0 is not None and l0 != lane0:
-                raise CodegenError(f"%{arg.name}: stacked heads start at different lanes")  # _uniform_groups prevents it
-            devs.append(dev)
-            lane0 = l0
-        dev = np.stack(devs)
+    def _load(self, arg: TensorArg, bufname: str, batches: tuple[int, ...], heads: tuple[int, ...], r0: int, n: int,
+              ncols: int) -> tuple[int, int]:
+        """Load rows [r0, r0+n) of (batch, head) pairs stacked in a tile; return (row width, lane offset)."""
+        dev, lane0 = _tile_sticks(arg, batches, heads, r0, n, 0, ncols)
         self.ins += dma_tile(arg, dev, self.buf[bufname], store=False)
-        width = dev.shape[-1] * arg.lanes
-        return _sp(self.buf, bufname, arg.dtype, (len(heads) * n, ncols), (width, 1), lane0)
+        return dev.shape[-1] * arg.lanes, lane0
 
-    def _block(self, it: WorkItem, ip: int, q: SpTensor, k0: int, nk: int, first: bool) -> None:
-        d, t, spec = self.dims, self.t, self.spec
-        bp = self.block % 2
-        self.block += 1
+    # --- stage 1: loads and S = Q K^T -----------------------------------------------------------
+    def _scores(self, st: _Step) -> None:
+        d, t, spec, it = self.dims, self.t, self.spec, st.item
+        nb, sub = len(it.batches), it.sub_rows
+        if st.first:
+            w, lane0 = self._load(spec.query, f"q{st.parity}", it.batches, it.heads, it.q0, it.nq, d.D)
+            self.q = self.sp(f"q{st.parity}", d.dtype, (it.rows, d.D), (w, 1), lane0)
+        wk, lk = self._load(spec.key, f"k{st.bp}", it.batches, (it.kv_head,), st.k0, st.nk, d.D)
+        wv, lv = self._load(spec.value, f"v{st.bp}", it.batches, (it.kv_head,), st.k0, st.nk, d.Dv)
+        if self.mask is not None:
+            st.mask = self._load_mask(st)
+        q = self.q
+        for i in range(nb):
+            st.kt.append(self.sp(f"k{st.bp}", d.dtype, (d.D, st.nk), (1, wk), i * st.nk * wk + lk))  # K^T by strides
+            st.v.append(self.sp(f"v{st.bp}", d.dtype, (st.nk, d.Dv), (wv, 1), i * st.nk * wv + lv))
+            qi = SpTensor(q.offset + i * sub * q.strides[0] * q.itemsize, q.dtype, (sub, d.D), q.strides)
+            si = self.sp(f"s{st.bp}", "float32", (sub, st.nk), (t.block_k, 1), i * sub * t.block_k)
+            self.ins.append(MatMul(si, qi, st.kt[i]))
         self.stats["blocks"] += 1
-        M = it.rows
-        kt = self._load_rows(spec.key, f"k{bp}", it.b, (it.kv_head,), k0, nk, d.D)
-        kt = SpTensor(kt.offset, kt.dtype, (d.D, nk), (1, kt.strides[0]))  # K^T through strides
-        v = self._load_rows(spec.value, f"v{bp}", it.b, (it.kv_head,), k0, nk, d.Dv)
-        s2 = _sp(self.buf, f"s{bp}", "float32", (M, nk), (t.block_k, 1))
-        s3 = _sp(self.buf, f"s{bp}", "float32", (len(it.heads), it.nq, nk), (it.nq * t.block_k, t.block_k, 1))
-        p2 = _sp(self.buf, f"p{bp}", self.cdt, (M, nk), (nk, 1))
-        col = lambda name: _sp(self.buf, name, "float32", (M, 1))  # noqa: E731
-        nm, alpha = col(f"nm{bp}"), col(f"alpha{bp}")
-        mcur, lcur, l, acc = col(f"mcur{bp}"), col(f"lcur{bp}"), col(f"l{ip}"), _sp(self.buf, f"acc{ip}", "float32", (M, d.Dv))
 
-        self.ins.append(MatMul(s2, q, kt))
-        nm_old = self.prev_nm
-        scaled, masked = self._bias(it, s3, k0, nk)
+    def _load_mask(self, st: _Step) -> SpTensor:
+        m, it = self.mask, st.item
+        dev, lane0 = _mask_sticks(m, it, st.k0, st.nk)
+        self.ins += dma_tile(m, dev, self.buf[f"mask{st.bp}"], store=False)
+        mb, mh, mq, k = dev.shape
+        w = k * m.lanes
+        strides = (mh * mq * w if mb > 1 else 0, mq * w if mh > 1 else 0, w if mq > 1 else 0, 1)
+        return self.sp(f"mask{st.bp}", m.dtype, (len(it.batches), len(it.heads), it.nq, st.nk), strides, lane0)
+
+    # --- stage 2: online softmax and acc += P V -------------------------------------------------
+    def _softmax_pv(self, st: _Step) -> None:
+        d, t, it, bp, nk = self.dims, self.t, st.item, st.bp, st.nk
+        M, nb, sub = it.rows, len(it.batches), it.sub_rows
+        s2 = self.sp(f"s{bp}", "float32", (M, nk), (t.block_k, 1))
+        s4 = self.sp(f"s{bp}", "float32", (nb, len(it.heads), it.nq, nk),
+                     (sub * t.block_k, it.nq * t.block_k, t.block_k, 1))
+        p2 = self.sp(f"p{bp}", self.pdt, (M, nk), (nk, 1))
+        col = lambda name: self.sp(name, "float32", (M, 1))  # noqa: E731
+        nm, alpha, mcur, lcur = col(f"nm{bp}"), col(f"alpha{bp}"), col(f"mcur{bp}"), col(f"lcur{bp}")
+        l, acc = col(f"l{st.parity}"), self.sp(f"acc{st.parity}", "float32", (M, d.Dv))
+
+        scaled, masked = self._bias(st, s4)
         # -m_cur: the block's row maxima in scaled units, negated; clamped so masked rows stay finite.
         self.ins.append(Reduce("max", mcur, s2, axis=1))
         self.ins.append(_ew("mul", mcur, mcur, -1.0 if scaled else -d.scale))
         if masked:
             self.ins.append(_ew("minimum", mcur, mcur, MAX_CLAMP))
-        if first:
+        if st.first:
             nm = mcur
         else:
-            self.ins += [_ew("minimum", nm, nm_old, mcur), _ew("sub", alpha, nm, nm_old), _ew("exp", alpha, alpha)]
+            self.ins += [_ew("minimum", nm, self.prev_nm, mcur), _ew("sub", alpha, nm, self.prev_nm),
+                         _ew("exp", alpha, alpha)]
+        self.prev_nm = nm  # the running -max lives in this block's buffer set (mcur or nm)
         # P = exp(S * scale - m): one fma (or add) and the exp, rounded for the PE arrays.
         if scaled:
             self.ins.append(_ew("add", s2, s2, _bcast_rows(nm, nk)))
         else:
             self.ins.append(_ew("fma", s2, s2, d.scale, _bcast_rows(nm, nk)))
         self.ins.append(_ew("exp", p2, s2))
-        if first:
-            self.ins += [Reduce("sum", l, p2, axis=1), MatMul(acc, p2, v)]
+        if st.first:
+            self.ins.append(Reduce("sum", l, p2, axis=1))
         else:
             self.ins += [Reduce("sum", lcur, p2, axis=1), _ew("fma", l, l, alpha, lcur),
-                         _ew("mul", acc, acc, _bcast_rows(alpha, d.Dv)), MatMul(acc, p2, v, accumulate=True)]
-        self.prev_nm = nm  # the running -max lives in this block's buffer set (mcur or nm)
+                         _ew("mul", acc, acc, _bcast_rows(alpha, d.Dv))]
+        for i in range(nb):
+            rows = slice(i * sub, (i + 1) * sub)
+            pi = SpTensor(p2.offset + rows.start * nk * p2.itemsize, p2.dtype, (sub, nk), (nk, 1))
+            ai = SpTensor(acc.offset + rows.start * d.Dv * 4, "float32", (sub, d.Dv))
+            self.ins.append(MatMul(ai, pi, st.v[i], accumulate=not st.first))
 
-    def _bias(self, it: WorkItem, s3: SpTensor, k0: int, nk: int) -> tuple[bool, bool]:
+    def _bias(self, st: _Step, s4: SpTensor) -> tuple[bool, bool]:
         """Apply the mask and the causal bias to S; return (S is now scaled, some entry may be -inf)."""
-        d, spec = self.dims, self.spec
+        d, spec, it = self.dims, self.spec, st.item
         scaled = masked = False
-        if self.mask is not None:
-            mview = self._load_mask(it, k0, nk)
+        if st.mask is not None:
             if self.mask.dtype == "bool":
-                self.ins.append(_ew("where", s3, mview, s3, NEG_INF))
+                self.ins.append(_ew("where", s4, st.mask, s4, NEG_INF))
             else:
-                self.ins.append(_ew("fma", s3, s3, d.scale, mview))
+                self.ins.append(_ew("fma", s4, s4, d.scale, st.mask))
                 scaled = True
             masked = True
         elif d.scale <= 0:  # the row max only commutes with a positive scale
-            self.ins.append(_ew("mul", s3, s3, d.scale))
+            self.ins.append(_ew("mul", s4, s4, d.scale))
             scaled = True
-        if spec.is_causal and k0 + nk - 1 > it.q0:  # the block crosses the diagonal
-            self.ins.append(_ew("add", s3, s3, self._causal_view(it, k0, nk)))
+        if spec.is_causal and st.k0 + st.nk - 1 > it.q0:  # the block crosses the diagonal
+            self.ins.append(_ew("add", s4, s4, self._causal_view(st)))
             self.stats["causal_bias_blocks"] += 1
             masked = True
         return scaled, masked
 
-    def _causal_view(self, it: WorkItem, k0: int, nk: int) -> SpTensor:
-        """Element (h, i, j) of the view reads causal[c + j - i], 0 where key k0+j <= query q0+i, else -inf."""
+    def _causal_view(self, st: _Step) -> SpTensor:
+        """Element (b, h, i, j) reads causal[c + j - i]: 0 where key k0+j <= query q0+i, else -inf."""
+        it = st.item
         z = self.t.block_q + self.t.block_k
-        c = z - 1 - (it.q0 - k0)
-        return _sp(self.buf, "causal", "float32", (len(it.heads), it.nq, nk), (0, -1, 1), c)
+        c = z - 1 - (it.q0 - st.k0)
+        return self.sp("causal", "float32", (len(it.batches), len(it.heads), it.nq, st.nk), (0, 0, -1, 1), c)
 
-    def _load_mask(self, it: WorkItem, k0: int, nk: int) -> SpTensor:
-        m = self.mask
-        bp = (self.block - 1) % 2
-        heads = it.heads if m.strides[1] else it.heads[:1]
-        rows = it.nq if m.strides[2] else 1
-        devs, lane0 = [], 0
-        for h in heads:
-            lead = np.stack([np.full(rows, it.b), np.full(rows, h), np.arange(it.q0, it.q0 + rows)], axis=1)
-            dev, lane0 = m.row_sticks(lead, k0, nk)
-            devs.append(dev)
-        dev = np.stack(devs)
-        self.ins += dma_tile(m, dev, self.buf[f"mask{bp}"], store=False)
-        w = dev.shape[-1] * m.lanes
-        strides = (rows * w if len(heads) > 1 else 0, w if rows > 1 else 0, 1)
-        return _sp(self.buf, f"mask{bp}", m.dtype, (len(it.heads), it.nq, nk), strides, lane0)
-
-    def _finish(self, it: WorkItem, ip: int) -> None:
-        d, spec = self.dims, self.spec
-        M = it.rows
-        l = _sp(self.buf, f"l{ip}", "float32", (M, 1))
-        acc = _sp(self.buf, f"acc{ip}", "float32", (M, d.Dv))
+    # --- stage 3: out = acc / l -----------------------------------------------------------------
+    def _finish(self, st: _Step) -> None:
+        d, spec, it = self.dims, self.spec, st.item
+        l = self.sp(f"l{st.parity}", "float32", (it.rows, 1))
+        acc = self.sp(f"acc{st.parity}", "float32", (it.rows, d.Dv))
         if self.mask is not None:  # a row that saw no key has l = 0 (and acc = 0): out 0, not NaN
             self.ins.append(_ew("maximum", l, l, L_FLOOR))
         self.ins.append(_ew("reciprocal", l, l))
         wo = _ceil_to(d.Dv, spec.out.lanes)
-        self.ins.append(_ew("mul", _sp(self.buf, f"o{ip}", d.dtype, (M, d.Dv), (wo, 1)), acc, _bcast_rows(l, d.Dv)))
-        devs = []
-        for h in it.heads:
-            lead = np.stack([np.full(it.nq, it.b), np.full(it.nq, h), np.arange(it.q0, it.q0 + it.nq)], axis=1)
-            dev, lane0 = spec.out.row_sticks(lead, 0, d.Dv)
-            check_owns_sticks(spec.out, lane0, d.Dv, "sdpa out")
-            devs.append(dev)
-        self.ins += dma_tile(spec.out, np.stack(devs), self.buf[f"o{ip}"], store=True)
+        self.ins.append(_ew("mul", self.sp(f"o{st.parity}", d.dtype, (it.rows, d.Dv), (wo, 1)), acc,
+                            _bcast_rows(l, d.Dv)))
+        dev, lane0 = _tile_sticks(spec.out, it.batches, it.heads, it.q0, it.nq, 0, d.Dv)
+        check_owns_sticks(spec.out, lane0, d.Dv, "sdpa out")
+        self.ins += dma_tile(spec.out, dev, self.buf[f"o{st.parity}"], store=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -529,9 +616,9 @@ def _choose_tiling(spec: AttentionSpec, dims: _Dims, mask: TensorArg | None, cfg
     """The cheapest tiling by the estimate whose scratchpad plan fits; every candidate is recorded."""
     considered = []
     best = None
-    for t in _candidates(dims, spec, _uniform_groups(spec, dims)):
-        est = _estimate(cfg, dims, t, spec.is_causal, mask is not None)
-        widths = _row_widths(spec, dims, mask, t.block_k)
+    widths = _row_widths(spec, dims, mask)
+    for t in _candidates(dims, spec):
+        est = _estimate(cfg, spec, dims, t, mask)
         try:
             sp_plan = plan(_buffers(dims, t, mask, spec.is_causal, widths), cfg.scratchpad_plannable_bytes)
         except ScratchpadOverflowError as e:
@@ -539,13 +626,13 @@ def _choose_tiling(spec: AttentionSpec, dims: _Dims, mask: TensorArg | None, cfg
             continue
         est["scratchpad_bytes"] = sp_plan.peak_bytes
         considered.append(est)
-        # Near-ties (0.1 us) go to bigger tiles: fewer instructions and DMA latencies than the estimate sees.
-        key = (round(est["est_us"], 1), -t.rows() * t.block_k)
+        # Near-ties (1 %) go to bigger tiles: fewer instructions and DMA latencies than the estimate sees.
+        key = (round(math.log(est["est_us"]) / 0.01), -t.rows() * t.block_k)
         if best is None or key < best[0]:
             best = (key, t, sp_plan)
     if best is None:
         raise CodegenError(f"sdpa {spec.name}: no tiling fits the scratchpad; tried {considered}")
-    considered.sort(key=lambda c: c.get("est_us", 1e30))
+    considered.sort(key=lambda c: (c.get("rejected") is not None, c["est_us"]))
     return best[1], best[2], considered
 
 
@@ -556,27 +643,21 @@ def build_attention(spec: AttentionSpec, config: CardConfig) -> tuple[Program, K
     mask = _broadcast_mask(spec.attn_mask, dims) if spec.attn_mask is not None else None
     tiling, sp_plan, considered = _choose_tiling(spec, dims, mask, config)
     items = _work_items(dims, tiling, spec.is_causal)
-    costs = [_item_cost(config, dims, it, mask is not None) for it in items]
-    cycles = [max(c["pe"], c["vector"]) for c in costs]
+    cycles = [_item_cycles(config, dims, it, mask is not None) for it in items]
     per_core = _assign(cycles, min(config.num_cores, len(items)))
     buf = {b.name: b.offset for b in sp_plan.buffers}
 
     cores: dict[int, list[Instruction]] = {}
     totals = {"blocks": 0, "causal_bias_blocks": 0, "skipped_blocks": 0}
     for core, idxs in enumerate(per_core):
-        if not idxs:
-            continue
-        em = _CoreEmitter(spec, dims, tiling, mask, buf)
-        em.prologue()
-        for n, i in enumerate(idxs):
-            em.item(items[i], n % 2)
-        cores[core] = em.ins
-        for k in totals:
-            totals[k] += em.stats[k]
+        if idxs:
+            em = _CoreEmitter(spec, dims, tiling, mask, buf)
+            cores[core] = em.run([items[i] for i in idxs])
+            for k in totals:
+                totals[k] += em.stats[k]
 
     decisions = _decisions(spec, dims, tiling, sp_plan, per_core, items, cycles, totals, considered, mask)
-    program = Program(spec.name, _operands(spec), cores,
-                      {"kind": "attention", "decisions": decisions.to_dict()})
+    program = Program(spec.name, _operands(spec), cores, {"kind": "attention", "decisions": decisions.to_dict()})
     return program, decisions
 
 
@@ -602,20 +683,21 @@ def _decisions(spec: AttentionSpec, dims: _Dims, t: Tiling, sp_plan: Any, per_co
     dec.buffers = [BufferDecision(t.name, role, t.describe()) for role, t in roles]
     loads = [sum(cycles[i] for i in c) for c in per_core]
     dec.work_division = {
-        "unit": "(batch, kv head, query heads stacked per tile, query block)", "items": len(items),
+        "unit": "(batches, kv head, query heads, query block) per tile", "items": len(items),
         "cores": sum(1 for c in per_core if c), "items_per_core": [len(c) for c in per_core if c],
         "assignment": "longest first to the least loaded core",
         "est_load_imbalance": round(max(loads) / (sum(loads) / len(loads)), 3) if loads and sum(loads) else 1.0,
     }
     dec.tiling = {"block_q": t.block_q, "block_k": t.block_k, "heads_per_tile": t.heads_per_tile,
-                  "tile_rows": t.rows(), "kv_blocks_streamed": totals["blocks"],
-                  "causal_blocks_skipped": totals["skipped_blocks"],
+                  "batches_per_tile": t.batches_per_tile, "tile_rows": t.rows(),
+                  "kv_blocks_streamed": totals["blocks"], "causal_blocks_skipped": totals["skipped_blocks"],
                   "causal_bias_blocks": totals["causal_bias_blocks"], "scale": dims.scale,
                   "gqa_group": dims.group, "is_causal": spec.is_causal,
                   "mask": None if mask is None else f"{mask.dtype} strides {list(mask.strides)}"}
     dec.scratchpad = {"peak_bytes": sp_plan.peak_bytes, "capacity": sp_plan.capacity,
                       "buffers": {b.name: [b.offset, b.aligned_bytes] for b in sp_plan.buffers}}
-    dec.overlap = {"double_buffered": ["k", "v", "s", "p", "mask (per block)", "q", "acc", "o (per item)"]}
+    dec.overlap = {"double_buffered": ["k", "v", "s", "p", "mask (per block)", "q", "acc", "o (per item)"],
+                   "pipeline": "QK^T of block n+1 issued before softmax/PV of block n"}
     dec.alternatives = considered[:8]
     dec.notes = [
         "S, running max and sum, and the accumulator are fp32; P is rounded to the input dtype for the PE arrays",

@@ -176,21 +176,24 @@ def _affine(dev: np.ndarray) -> tuple[int, ...] | None:
 def stick_patterns(dev: np.ndarray, sp_stick0: int = 0) -> list[tuple[int, int, DmaPattern]]:
     """Cover a tile of sticks, laid out row-major and contiguous in scratchpad from stick ``sp_stick0``,
     whose device stick numbers are ``dev`` (any rank), by few DMA patterns: [(device stick, scratchpad
-    stick, pattern)]. An affine tile is one pattern; otherwise split the outer dim (runs in 1-D)."""
+    stick, pattern)]. An affine tile is one pattern whose loops are ordered by decreasing device stride
+    (the DMA engine reorders, so the innermost loop is the longest contiguous burst); otherwise split the
+    outer dim (runs of constant stride in 1-D)."""
     dev = np.asarray(dev, dtype=np.int64)
     if dev.size == 0:
         return []
-    sp_strides = np.cumprod((dev.shape[1:] + (1,))[::-1])[::-1] if dev.ndim else ()
+    sp_strides = [int(np.prod(dev.shape[d + 1:])) for d in range(dev.ndim)]
     strides = _affine(dev)
     if strides is not None:
-        pat = DmaPattern(dev.shape, tuple(s * STICK_BYTES for s in strides),
-                         tuple(int(s) * STICK_BYTES for s in sp_strides))
+        loops = [d for d in range(dev.ndim) if dev.shape[d] > 1] or [dev.ndim - 1]
+        loops.sort(key=lambda d: (-abs(strides[d]), -sp_strides[d]))
+        pat = DmaPattern(tuple(dev.shape[d] for d in loops), tuple(strides[d] * STICK_BYTES for d in loops),
+                         tuple(sp_strides[d] * STICK_BYTES for d in loops))
         return [(int(dev.flat[0]), sp_stick0, pat)]
     if dev.ndim > 1:
-        step = int(np.prod(dev.shape[1:]))
         out = []
         for i in range(dev.shape[0]):
-            out += stick_patterns(dev[i], sp_stick0 + i * step)
+            out += stick_patterns(dev[i], sp_stick0 + i * sp_strides[0])
         return out
     out, start = [], 0
     while start < dev.size:  # maximal runs of constant stride
@@ -200,6 +203,12 @@ def stick_patterns(dev: np.ndarray, sp_stick0: int = 0) -> list[tuple[int, int, 
         out += stick_patterns(dev[start:end], sp_stick0 + start)
         start = end
     return out
+
+
+def dram_runs(dev: np.ndarray) -> int:
+    """Contiguous device bursts in a set of sticks (what each DRAM discontinuity costs is in the config)."""
+    s = np.unique(np.asarray(dev, dtype=np.int64).reshape(-1))
+    return int(s.size and 1 + np.count_nonzero(np.diff(s) != 1))
 
 
 def dma_tile(arg: TensorArg, dev: np.ndarray, sp_offset: int, store: bool) -> list[Instruction]:
