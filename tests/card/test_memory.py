@@ -23,8 +23,9 @@ def test_free_caches_and_empty_cache_releases():
     a = m.allocate(4096)
     m.free(a)
     assert m.allocated == 0 and m.reserved == 4096
-    b = m.allocate(4096)  # served from the cache
-    assert b is a and m.reserved == 4096
+    b = m.allocate(4096)  # served from the cache ...
+    assert b.address == a.address and b.buffer is a.buffer and m.reserved == 4096
+    assert b is not a and not a.live and b.live  # ... through a new handle: the old one stays dead
     m.free(b)
     m.empty_cache()
     assert m.reserved == 0
@@ -88,6 +89,11 @@ def test_address_ranges_are_reused_after_empty_cache():
         m.free(a)
         m.empty_cache()
     assert m.allocated == 0 and m.reserved == 0
+
+
+def test_each_card_has_its_own_address_range():
+    a, b = DeviceMemory(MiB, card=0).allocate(128), DeviceMemory(MiB, card=1).allocate(128)
+    assert abs(a.address - b.address) >= 2 * MiB
 
 
 def test_negative_size():

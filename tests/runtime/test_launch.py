@@ -328,6 +328,21 @@ def test_freed_allocation(card):
     _bad(card, bind, r"operand 'y'.*not live memory")
 
 
+def test_stale_handle_of_a_reused_block(card):
+    def bind(c, ax, ay, aout):
+        c.memory.free(ay)
+        c.memory.allocate(ay.nbytes)  # the cached block goes to a new owner, at the same address
+        return {"x": ax, "y": ay, "out": aout}
+
+    _bad(card, bind, r"operand 'y'.*no longer live")
+
+
+def test_a_bare_address_of_another_card_is_not_live_here(card):
+    foreign = Card(CARD + 1, card.config).memory.allocate(1024)
+    _bad(card, lambda c, ax, ay, aout: {"x": ax, "y": DeviceBuffer(foreign.address, 1024), "out": aout},
+         r"operand 'y'.*not live memory")
+
+
 def test_address_never_allocated(card):
     _bad(card, lambda c, ax, ay, aout: {"x": ax, "y": ay, "out": DeviceBuffer(0x7_0000_0000, 1024)},
          r"operand 'out'.*not live memory")

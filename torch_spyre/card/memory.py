@@ -20,6 +20,7 @@ import numpy as np
 
 STICK_BYTES = 128
 DEVICE_BASE_ADDRESS = 0x1_0000_0000  # device virtual addresses start here, so 0 is never valid
+CARD_ADDRESS_STRIDE = 1 << 44  # each card's addresses live in their own range: one card's address is never another's
 
 
 class DeviceOutOfMemoryError(MemoryError):
@@ -57,6 +58,7 @@ class Allocation:
     nbytes: int
     buffer: np.ndarray  # uint8, nbytes long
     meta: dict[str, Any] = field(default_factory=dict)  # owned by upper layers (e.g. the stick layout)
+    live: bool = True  # False once freed: a handle kept after free() is recognisably stale
 
     @property
     def host_ptr(self) -> int:
@@ -84,7 +86,8 @@ class DeviceMemory:
         self._cache: dict[int, list[Allocation]] = {}  # nbytes -> freed blocks kept for reuse
         # Free device address ranges, sorted by start; the virtual range is twice the capacity so
         # that fragmentation never refuses an allocation that the capacity allows.
-        self._free_ranges: list[list[int]] = [[DEVICE_BASE_ADDRESS, DEVICE_BASE_ADDRESS + 2 * self.capacity]]
+        base = DEVICE_BASE_ADDRESS + card * CARD_ADDRESS_STRIDE
+        self._free_ranges: list[list[int]] = [[base, base + 2 * self.capacity]]
         self.allocated = 0
         self.reserved = 0
         self.peak_allocated = 0
@@ -101,8 +104,9 @@ class DeviceMemory:
         with self._lock:
             cached = self._cache.get(size)
             if cached:
-                alloc = cached.pop()
-                alloc.meta.clear()
+                # A new handle over the cached block, so that the previous owner's handle stays dead.
+                old = cached.pop()
+                alloc = Allocation(old.address, old.nbytes, old.buffer)
             else:
                 if self.allocated + size > self.capacity:
                     # Checked before touching the cache, so that a refused request changes nothing.
@@ -136,6 +140,7 @@ class DeviceMemory:
             self._host_index.remove((alloc.host_ptr, alloc.address))
             self.allocated -= alloc.nbytes
             self.num_free_calls += 1
+            alloc.live = False
             self._cache.setdefault(alloc.nbytes, []).append(alloc)
 
     def empty_cache(self) -> None:

@@ -13,6 +13,9 @@ issued it (``host_frontier``: device time the host has observed through a synchr
 on two streams overlaps when it needs different resources, and ``wait_event`` / ``wait_stream`` order
 it. Host wall time never advances the device clock.
 
+Resources are granted in the order work is issued (a simplification: work queued behind an event on
+one stream can hold back ready work on another stream that was issued later).
+
 Listeners (the profiler) are told about every piece of work as a :class:`WorkRecord`.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -50,7 +54,7 @@ class DeviceClock:
         self._lock = threading.RLock()
         self.busy_until: dict[str, float] = {r: 0.0 for r in RESOURCES}
         self.host_frontier = 0.0
-        self._streams: list["Stream"] = []
+        self._streams: "weakref.WeakSet[Stream]" = weakref.WeakSet()  # for reset(); streams die freely
 
     @property
     def now(self) -> float:
@@ -105,7 +109,7 @@ class Stream:
         self.stream_id = next(_stream_ids) if _stream_id is None else _stream_id
         self.ready_at = 0.0
         self._clock = clock(self.card)
-        self._clock._streams.append(self)
+        self._clock._streams.add(self)
 
     # --- queueing -------------------------------------------------------------------------------
     def enqueue(
@@ -133,12 +137,14 @@ class Stream:
             return  # like CUDA: waiting on an unrecorded event is a no-op
         if event.card != self.card:
             raise RuntimeError(f"cannot make a stream on spyre:{self.card} wait for an event recorded on spyre:{event.card}")
-        self.ready_at = max(self.ready_at, event.time)
+        with self._clock._lock:
+            self.ready_at = max(self.ready_at, event.time)
 
     def wait_stream(self, other: "Stream") -> None:
         if other.card != self.card:
             raise RuntimeError(f"cannot make a stream on spyre:{self.card} wait for a stream on spyre:{other.card}")
-        self.ready_at = max(self.ready_at, other.ready_at)
+        with self._clock._lock:
+            self.ready_at = max(self.ready_at, other.ready_at)
 
     def record_event(self, event: "Event | None" = None) -> "Event":
         event = Event() if event is None else event
