@@ -151,3 +151,44 @@ def test_resize_keeps_elements_and_shrinks_in_place():
     t.resize_(10)
     assert t[:4].cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
     assert torch_spyre.get_layout(t).stick_layout.numel == 10
+
+
+@pytest.mark.parametrize("make", [lambda: torch.nn.Conv2d(3, 4, 3, padding=1), lambda: torch.nn.ConvTranspose1d(3, 2, 3, stride=2),
+                                  lambda: torch.nn.Conv1d(4, 4, 3, groups=2, bias=False)], ids=["conv2d", "convT1d", "conv1d_groups"])
+def test_convolutions_forward_and_backward(make):
+    torch.manual_seed(0)
+    m = make()
+    x = torch.randn(2, m.in_channels, 8, 8) if isinstance(m, torch.nn.Conv2d) else torch.randn(2, m.in_channels, 9)
+    ref = m(x)
+    ref.square().sum().backward()
+    grad_w = m.weight.grad.clone()
+    m.zero_grad()
+    m.to("spyre")
+    xs = x.to("spyre").requires_grad_()
+    out = m(xs)
+    out.square().sum().backward()
+    assert torch.allclose(out.cpu(), ref, atol=1e-5)
+    assert torch.allclose(m.weight.grad.cpu(), grad_w, atol=1e-4)
+    assert xs.grad.shape == x.shape
+    assert torch_spyre.fallback_stats()["convolution_overrideable"] == 1
+
+
+def test_python_scalars_in_tensor_arguments_keep_type_promotion():
+    i = torch.tensor([5, 7], dtype=torch.int32)
+    assert torch.equal((i.to("spyre") % 4).cpu(), i % 4)
+    x = torch.randn(3, 4)
+    idx = torch.tensor([[0], [1], [2]])
+    assert torch.equal(torch.take_along_dim(x.to("spyre"), idx.to("spyre"), 1).cpu(), torch.take_along_dim(x, idx, 1))
+
+
+def test_conv_roofline_counts_convolution_flops():
+    from torch_spyre.runtime import stream as rt
+
+    got = []
+    rt.add_listener(got.append)
+    try:
+        torch.nn.functional.conv2d(torch.randn(1, 8, 16, 16).to("spyre"), torch.randn(16, 8, 3, 3).to("spyre"))
+    finally:
+        rt.remove_listener(got.append)
+    rec = next(r for r in got if r.kind == "fallback")
+    assert rec.details["flops"] == 2 * (16 * 14 * 14) * (8 * 3 * 3)

@@ -87,6 +87,7 @@ class _OpInfo:
     returns: tuple[tuple[int | None, bool], ...]  # per return: (aliased argument index, written)
     generator: tuple[int, bool] | None  # (argument index, kwarg-only) of a Generator? argument
     is_view: bool
+    tensor_args: tuple[bool, ...]  # arguments of type Tensor (that may arrive as unwrapped Python numbers)
 
 
 _infos: dict[torch._ops.OpOverload, _OpInfo] = {}
@@ -121,6 +122,7 @@ def _info(op: torch._ops.OpOverload) -> _OpInfo:
         returns=tuple(returns),
         generator=generator,
         is_view=bool(returns) and all(i is not None and not w for i, w in returns),
+        tensor_args=tuple(str(a.type) == "Tensor" for a in arguments),
     )
     _infos[op] = info
     return info
@@ -211,6 +213,52 @@ def _inject_generator(info: _OpInfo, args: tuple, kwargs: dict, card: int) -> tu
     return args, kwargs
 
 
+def _rewrap_numbers(info: _OpInfo, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Python numbers in Tensor arguments back to 0-d tensors.
+
+    C++ passes scalars as "wrapped number" tensors (``x % 4`` runs ``remainder.Tensor`` with a wrapped 4),
+    and the boxed call into Python unwraps them to plain numbers, which the op then refuses. The 0-d
+    tensor takes the dtype the scalar would promote to against the op's first tensor, so type promotion is
+    unchanged.
+    """
+    if not any(info.tensor_args):
+        return args, kwargs
+    first = next((t for v in (*args, *kwargs.values()) for t in _tensors(v)), None)
+
+    def wrap(v):
+        if isinstance(v, (bool, int, float)):
+            dtype = torch.result_type(first, v) if first is not None else None
+            return torch.tensor(v, dtype=dtype)
+        return v
+
+    n = len(args)
+    args = tuple(wrap(v) if i < len(info.tensor_args) and info.tensor_args[i] else v for i, v in enumerate(args))
+    for i, name in enumerate(info.arg_names):
+        if i >= n and info.tensor_args[i] and name in kwargs:
+            kwargs = {**kwargs, name: wrap(kwargs[name])}
+    return args, kwargs
+
+
+def _convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    return torch.ops.aten.convolution.default, (input, weight, bias, stride, padding, dilation, transposed,
+                                                output_padding, groups)
+
+
+def _convolution_backward(grad_output, input, weight, stride, padding, dilation, transposed, output_padding,
+                          groups, output_mask):
+    bias_sizes = [grad_output.shape[1]] if output_mask[2] else None
+    return torch.ops.aten.convolution_backward.default, (grad_output, input, weight, bias_sizes, stride, padding,
+                                                         dilation, transposed, output_padding, groups, output_mask)
+
+
+# Ops that torch routes to a backend-specific entry point on PrivateUse1 (the CPU has no kernel for it):
+# on the host they run (and are costed) as the generic op they stand for.
+_HOST_EQUIVALENT = {
+    "convolution_overrideable": _convolution,
+    "convolution_backward_overrideable": _convolution_backward,
+}
+
+
 def run(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     info = _info(op)
     card = _check_devices(info, args, kwargs)
@@ -250,11 +298,16 @@ def run(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     host_args = tuple(_map(to_host, a) for a in args)
     host_kwargs = {k: _map(to_host, v) for k, v in kwargs.items()}
     host_args, host_kwargs = _inject_generator(info, host_args, host_kwargs, card)
-    host_out = op(*host_args, **host_kwargs)
+    host_args, host_kwargs = _rewrap_numbers(info, host_args, host_kwargs)
+    host_op = op
+    if info.name in _HOST_EQUIVALENT:
+        host_op, host_args = _HOST_EQUIVALENT[info.name](*host_args, **host_kwargs)
+        host_kwargs = {}
+    host_out = host_op(*host_args, **host_kwargs)
 
     # Write mutated arguments back through their views.
     if any(info.is_write):
-        host_bound = _bound_args(info, host_args, host_kwargs)
+        host_bound = _bound_args(info, host_args, host_kwargs)  # (no _HOST_EQUIVALENT op writes its arguments)
         for written, dev, host in zip(info.is_write, bound, host_bound):
             if not written:
                 continue
@@ -278,7 +331,7 @@ def run(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     device_returns = [bound[i] if i is not None else _map(upload, r) for r, (i, _) in zip(returns, aliases)]
     result = tuple(device_returns) if isinstance(host_out, tuple) else device_returns[0]
 
-    flops = _flops(op, host_args, host_kwargs, host_out)
+    flops = _flops(host_op, host_args, host_kwargs, host_out)
     rt.current_stream(card).enqueue(
         f"aten::{info.name}", roofline_seconds(flops, nbytes), kind="fallback", resource="compute",
         details={"flops": flops, "bytes": nbytes},

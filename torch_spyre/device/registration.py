@@ -63,6 +63,22 @@ KERNEL_NAMES = (
     "empty.memory_format", "empty_strided", "_to_copy", "_copy_from", "_copy_from_and_resize", "resize_",
     "set_.source_Storage", "set_.source_Storage_storage_offset", "set_.source_Tensor", "set_", "view.dtype",
 )
+# Ops with a composite kernel that refuses to run (a backend must override them): sent to the fallback.
+FALLBACK_OPS = ("convolution_overrideable", "convolution_backward_overrideable")
+
+
+def _via_fallback(name: str):
+    op = getattr(torch.ops.aten, name).default
+
+    def kernel(*args, **kwargs):
+        from . import fallback
+
+        return fallback.run(op, *args, **kwargs)
+
+    kernel.__name__ = f"spyre_{name}"
+    return kernel
+
+
 # Ops whose CPU kernels only edit sizes/strides/offset of a tensor sharing the storage.
 METADATA_OPS = ("view", "as_strided", "_reshape_alias", "alias", "unfold")
 
@@ -88,6 +104,8 @@ def register() -> None:
             aten.impl(name, _forward(name), "PrivateUse1")
         for name in METADATA_OPS:
             aten.impl(name, _cpu_metadata(name), "PrivateUse1")
+        for name in FALLBACK_OPS:
+            aten.impl(name, _via_fallback(name), "PrivateUse1")
         aten.impl("_pin_memory", _forward("_pin_memory"), "CPU")  # pinning for spyre (see kernels.py)
         catch_all = torch.library.Library("_", "IMPL")
         catch_all.fallback(_fallback, "PrivateUse1")

@@ -89,6 +89,10 @@ _EMPTY = np.zeros(128, dtype=np.uint8)  # data pointer of storages with no bytes
 def storage_tensor(card: int, alloc: Allocation | None, dtype: torch.dtype, numel: int) -> torch.Tensor:
     """A 1-D ``dtype`` tensor of ``numel`` elements on ``spyre:card`` over ``alloc``'s host buffer."""
     global _allocs_since_sweep
+    if dtype not in _DL_CODES:
+        from .dtypes import device_dtype
+
+        device_dtype(dtype)  # raises the TypeError that names the dtype and what to do
     code, bits = _DL_CODES[dtype]
     size = ctypes.sizeof(_DLManagedTensor) + 8
     block = _libc.malloc(size)
