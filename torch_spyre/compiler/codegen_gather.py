@@ -30,6 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from torch_spyre.card.config import CardConfig
 from torch_spyre.card.layout import STICK_BYTES, StickLayout
 from torch_spyre.compiler.decisions import BufferDecision, KernelDecisions
 from torch_spyre.compiler.scratchpad import ScratchpadOverflowError, SpBuffer, plan
@@ -139,7 +140,8 @@ class TensorArg:
         """Device stick numbers covering columns [col0, col0+ncols) of each row ``lead`` ([n, ndim-1]
         coordinates), as [n, k], and the lane of column col0 in its stick (the same for every row)."""
         lay, lanes = self.layout, self.layout.lanes
-        lead = np.asarray(lead, dtype=np.int64).reshape(-1, len(self.shape) - 1)
+        lead = np.asarray(lead, dtype=np.int64)
+        lead = lead.reshape(len(lead), len(self.shape) - 1)
         first = self.host_index(np.concatenate([lead, np.full((len(lead), 1), col0)], axis=1))
         dev0 = lay.device_offsets(first)
         lane0 = dev0 % lanes
@@ -236,3 +238,360 @@ def check_owns_sticks(arg: TensorArg, lane0: int, ncols: int, role: str) -> None
 def sp_bytes(dtype_bytes: int, *shape: int) -> int:
     """Scratchpad bytes of a row-major tile, rounded up to whole sticks."""
     return -(-math.prod(shape) * dtype_bytes // STICK_BYTES) * STICK_BYTES
+
+
+# ---------------------------------------------------------------------------------------------
+# The gather spec
+# ---------------------------------------------------------------------------------------------
+GATHER_KINDS = ("embedding", "index_select", "gather")
+INDEX_DTYPES = ("int64", "int32")
+
+
+@dataclass(frozen=True)
+class GatherSpec:
+    """One gather with static shapes.
+
+    - ``embedding``: out[*idx, :] = source[idx, :]; source [V, D], out idx.shape + [D] (dim must be 0).
+    - ``index_select``: out = source.index_select(dim, index), index 1-d (or 0-d).
+    - ``gather``: out = torch.gather(source, dim, index) — only when index is constant along every
+      other dim (stride 0, i.e. an expanded index), which makes it an index_select of a narrowed source;
+      anything else picks single elements inside sticks and is refused with an explanation.
+
+    ``chunk`` forces the indices gathered per DmaGather step (None: as many as fit, balanced over cores)."""
+
+    kind: str
+    source: TensorArg
+    index: TensorArg
+    out: TensorArg
+    dim: int = 0
+    name: str = "gather"
+    chunk: int | None = None
+    source_ops: tuple[str, ...] = ()
+
+    @staticmethod
+    def embedding(num_embeddings: int, dim: int, index_shape: tuple[int, ...], dtype: Any = torch.float16,
+                  index_dtype: Any = torch.int64, **kw: Any) -> "GatherSpec":
+        """An embedding lookup over fresh buffers weight, indices and out in the default layout."""
+        return GatherSpec("embedding", TensorArg.contiguous("weight", (num_embeddings, dim), dtype),
+                          TensorArg.contiguous("indices", index_shape, index_dtype),
+                          TensorArg.contiguous("out", (*index_shape, dim), dtype), 0,
+                          source_ops=("aten.embedding.default",), **kw)
+
+    @staticmethod
+    def index_select(source_shape: tuple[int, ...], dim: int, n: int, dtype: Any = torch.float16,
+                     index_dtype: Any = torch.int64, **kw: Any) -> "GatherSpec":
+        out_shape = list(source_shape)
+        out_shape[dim % len(source_shape)] = n
+        return GatherSpec("index_select", TensorArg.contiguous("source", source_shape, dtype),
+                          TensorArg.contiguous("indices", (n,), index_dtype),
+                          TensorArg.contiguous("out", tuple(out_shape), dtype), dim,
+                          source_ops=("aten.index_select.default",), **kw)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a gather is after normalisation: positions of ``index`` (row-major) pick rows along ``dim``
+    of ``source``; position coordinates ``coord_map`` [(out dim, index dim)] place them in ``out``."""
+
+    source: TensorArg
+    index: TensorArg
+    out: TensorArg
+    dim: int
+    coord_map: tuple[tuple[int, int], ...]
+    num_rows: int
+
+
+def _normalise(spec: GatherSpec) -> _Plan:
+    """Check the spec and bring the three kinds to one form, with a clear error for what cannot run."""
+    if spec.kind not in GATHER_KINDS:
+        raise CodegenError(f"unknown gather kind {spec.kind!r}; known: {', '.join(GATHER_KINDS)}")
+    src, idx, out = spec.source, spec.index, spec.out
+    if idx.dtype not in INDEX_DTYPES:
+        raise CodegenError(f"{spec.kind} index %{idx.name} must be int64 or int32, got {idx.dtype}")
+    if src.dtype != out.dtype:
+        raise CodegenError(f"{spec.kind}: source %{src.name} is {src.dtype} but out %{out.name} is {out.dtype}")
+    if src.dtype not in ("dlfloat16", "float32", "int64", "int32", "bool"):
+        raise CodegenError(f"{spec.kind}: unsupported data dtype {src.dtype}")
+    r = len(src.shape)
+    if r < 1:
+        raise CodegenError(f"{spec.kind}: source %{src.name} is 0-d")
+    dim = spec.dim % r
+    if not idx.shape:  # a 0-d index is one position
+        idx = TensorArg(idx.name, idx.layout, (1,), (1,), idx.storage_offset)
+    if spec.kind == "embedding":
+        if r != 2 or dim != 0:
+            raise CodegenError(f"embedding weight %{src.name} must be 2-d [num_embeddings, dim], got {list(src.shape)}")
+        want = (*spec.index.shape, src.shape[1])
+        coord_map = tuple((d, d) for d in range(len(spec.index.shape))) or ((0, 0),)
+        if not spec.index.shape:
+            want = (src.shape[1],)
+            coord_map = ()
+    elif spec.kind == "index_select":
+        if len(idx.shape) != 1:
+            raise CodegenError(f"index_select index %{idx.name} must be 1-d, got shape {list(spec.index.shape)}")
+        want = tuple(idx.shape[0] if d == dim else s for d, s in enumerate(src.shape))
+        coord_map = ((dim, 0),)
+    else:
+        src, idx, want, coord_map = _gather_as_select(spec, dim)
+    if out.shape != tuple(want):
+        raise CodegenError(f"{spec.kind}: out %{out.name} has shape {list(out.shape)}, expected {list(want)}")
+    if dim == r - 1:
+        raise CodegenError(
+            f"{spec.kind} along dim {dim} of %{src.name}: that is the stick dim of its layout, so each index picks "
+            "single elements inside 128-byte sticks, which DMA cannot do; relayout the source so that another "
+            "dim is sticked (e.g. transpose so the gathered dim is not last), or run it on the vector unit")
+    for role, t in (("source", src), ("index", idx), ("out", out)):
+        t.check_last_dim_sticked(f"{spec.kind} {role}")
+    return _Plan(src, idx, out, dim, coord_map, src.shape[dim])
+
+
+def _gather_as_select(spec: GatherSpec, dim: int) -> tuple[TensorArg, TensorArg, tuple[int, ...], tuple]:
+    """torch.gather with an index constant along every dim but ``dim`` is an index_select of the source
+    narrowed to the index's sizes. Anything else picks different elements in each row."""
+    src, idx = spec.source, spec.index
+    if len(idx.shape) != len(src.shape):
+        raise CodegenError(f"gather index %{idx.name} must have the source's rank {len(src.shape)}, got {len(idx.shape)}")
+    varying = [d for d in range(len(idx.shape)) if d != dim and idx.shape[d] > 1 and idx.strides[d] != 0]
+    if varying:
+        raise CodegenError(
+            f"gather along dim {dim} with an index that varies along dim(s) {varying} picks a different element "
+            "per row: a DmaGather moves whole rows of sticks and cannot. Only an index expanded over the other "
+            "dims (index_select) maps to DmaGather; otherwise lower torch.gather to a relayout of the source "
+            "sticked on the gathered dim plus a vector-unit select, or run it on the host")
+    if any(idx.shape[d] > src.shape[d] for d in range(len(idx.shape)) if d != dim):
+        raise CodegenError(f"gather index shape {list(idx.shape)} exceeds source {list(src.shape)} off dim {dim}")
+    narrowed = TensorArg(src.name, src.layout, tuple(src.shape[dim] if d == dim else idx.shape[d]
+                                                      for d in range(len(src.shape))), src.strides, src.storage_offset)
+    positions = TensorArg(idx.name, idx.layout, tuple(s if d == dim else 1 for d, s in enumerate(idx.shape)),
+                          idx.strides, idx.storage_offset)
+    return narrowed, positions, idx.shape, ((dim, dim),)
+
+
+# ---------------------------------------------------------------------------------------------
+# Row structure: which device sticks make up one gathered row
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _RowSticks:
+    """Row i of the source along ``dim`` is the sticks ``i * stride + P``; ``runs`` cuts P (in key order:
+    the other dims row-major, then the row's sticks) into contiguous (first stick, length) runs."""
+
+    stride: int
+    runs: tuple[tuple[int, int], ...]
+    keys: np.ndarray  # [n_keys, rank - 2] coordinates of the source's other (non-gathered, non-last) dims
+    sticks_per_key: int
+
+
+def _other_dims(rank: int, skip: set[int]) -> list[int]:
+    return [d for d in range(rank - 1) if d not in skip]
+
+
+def _key_coords(shape: tuple[int, ...], dims: list[int]) -> np.ndarray:
+    """Row-major coordinates over ``dims`` of ``shape``: [prod, len(dims)]."""
+    sizes = [shape[d] for d in dims]
+    if not sizes:
+        return np.zeros((1, 0), dtype=np.int64)
+    return np.stack([g.reshape(-1) for g in np.indices(sizes)], axis=1).astype(np.int64)
+
+
+def _source_rows(p: _Plan) -> _RowSticks:
+    src, dim = p.source, p.dim
+    rank = len(src.shape)
+    keys = _key_coords(src.shape, _other_dims(rank, {dim}))
+    rows = np.arange(p.num_rows, dtype=np.int64)
+    lead = np.insert(np.repeat(keys[None], len(rows), 0), dim, rows[:, None], axis=2).reshape(-1, rank - 1)
+    dev, lane0 = src.row_sticks(lead, 0, src.shape[-1])
+    if lane0 != 0:
+        raise CodegenError(f"gather source %{src.name}: its rows start at lane {lane0} of a stick, so the gathered "
+                           "sticks would land at other lanes than the output's; relayout the source first")
+    dev = dev.reshape(len(rows), -1)
+    stride = int(dev[1, 0] - dev[0, 0]) if len(rows) > 1 else 0
+    if not np.array_equal(dev, dev[0][None, :] + rows[:, None] * stride):
+        raise CodegenError(f"gather source %{src.name}: rows along dim {dim} are not a fixed set of sticks at a "
+                           "fixed stride in its layout; relayout the source (e.g. to a contiguous default layout)")
+    P = dev[0]
+    cuts = np.flatnonzero(np.diff(P) != 1) + 1
+    starts = np.r_[0, cuts]
+    lengths = np.diff(np.r_[starts, P.size])
+    return _RowSticks(stride, tuple((int(P[s]), int(n)) for s, n in zip(starts, lengths)), keys, dev.shape[1] // len(keys))
+
+
+def _out_sticks(p: _Plan, rows: _RowSticks, positions: np.ndarray) -> np.ndarray:
+    """Device sticks of the output rows at flat index ``positions``: [n, n_keys * sticks per key]."""
+    out, rank = p.out, len(p.out.shape)
+    pos = np.stack(np.unravel_index(positions, p.index.shape), axis=1) if len(positions) else np.zeros((0, len(p.index.shape)), np.int64)
+    mapped = {od for od, _ in p.coord_map}
+    others = _other_dims(rank, mapped)
+    n, nk = len(positions), len(rows.keys)
+    lead = np.zeros((n, nk, rank - 1), dtype=np.int64)
+    for od, idim in p.coord_map:
+        lead[:, :, od] = pos[:, idim][:, None]
+    for j, od in enumerate(others):
+        lead[:, :, od] = rows.keys[None, :, j]
+    dev, lane0 = out.row_sticks(lead.reshape(n * nk, rank - 1), 0, out.shape[-1])
+    check_owns_sticks(out, lane0, out.shape[-1], "gather out")
+    if dev.shape[1] != rows.sticks_per_key:
+        raise CodegenError(f"gather out %{out.name}: rows span {dev.shape[1]} sticks but source rows {rows.sticks_per_key}")
+    return dev.reshape(n, -1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunks and cores
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Chunk:
+    r0: int  # rows [r0, r1) of the index's leading dims (flattened), columns [c0, c1) of its last dim
+    r1: int
+    c0: int
+    c1: int
+
+    @property
+    def size(self) -> int:
+        return (self.r1 - self.r0) * (self.c1 - self.c0)
+
+
+def _chunks(n_rows: int, n_cols: int, per_chunk: int, lanes: int) -> list[_Chunk]:
+    """Chunks of at most ``per_chunk`` positions: whole index rows, or stick-aligned pieces of one row."""
+    if n_cols <= per_chunk:
+        step = max(1, per_chunk // n_cols)
+        return [_Chunk(r, min(n_rows, r + step), 0, n_cols) for r in range(0, n_rows, step)]
+    seg = max(lanes, per_chunk // lanes * lanes)
+    return [_Chunk(r, r + 1, c, min(n_cols, c + seg)) for r in range(n_rows) for c in range(0, n_cols, seg)]
+
+
+def _split(chunks: list[_Chunk], cores: int) -> list[list[_Chunk]]:
+    """Consecutive chunks per core, about the same number of positions each."""
+    total = sum(c.size for c in chunks)
+    out: list[list[_Chunk]] = [[]]
+    done = 0
+    for c in chunks:
+        if out[-1] and done >= total * len(out) / cores and len(out) < cores:
+            out.append([])
+        out[-1].append(c)
+        done += c.size
+    return out
+
+
+def _chunk_size(p: _Plan, rows: _RowSticks, spec: GatherSpec, config: CardConfig) -> int:
+    """Positions per chunk: enough to spread the work over every core, no more than two buffer sets of
+    gathered rows (plus the index sticks) fit in the scratchpad."""
+    n = int(np.prod(p.index.shape))
+    if spec.chunk:
+        return spec.chunk
+    row_bytes = rows.sticks_per_key * len(rows.keys) * STICK_BYTES
+    fit = (config.scratchpad_plannable_bytes // 2 - 4 * STICK_BYTES) // (row_bytes + p.index.layout.itemsize)
+    spread = -(-n // config.num_cores)
+    return max(1, min(fit, spread))
+
+
+def _index_lead(p: _Plan, r0: int, r1: int) -> np.ndarray:
+    shape = p.index.shape[:-1]
+    if not shape:
+        return np.zeros((r1 - r0, 0), dtype=np.int64)
+    return np.stack(np.unravel_index(np.arange(r0, r1), shape), axis=1).astype(np.int64)
+
+
+def _emit_chunk(p: _Plan, rows: _RowSticks, c: _Chunk, buf: dict[str, int], parity: int) -> list[Instruction]:
+    """Load the chunk's indices, gather each run of row sticks, store the gathered sticks to the output."""
+    idx = p.index
+    ins: list[Instruction] = []
+    dev, lane0 = idx.row_sticks(_index_lead(p, c.r0, c.r1), c.c0, c.c1 - c.c0)
+    ins += dma_tile(idx, dev, buf[f"idx{parity}"], store=False)
+    width = dev.shape[1] * idx.lanes
+    isz = idx.layout.itemsize
+    index = SpTensor(buf[f"idx{parity}"] + lane0 * isz, idx.dtype, (c.r1 - c.r0, c.c1 - c.c0), (width, 1))
+    n = c.size
+    base = buf[f"rows{parity}"]
+    offsets = []
+    for first, length in rows.runs:
+        offsets.append(base)
+        ins.append(DmaGather(Addr(p.source.name, first * STICK_BYTES), index, rows.stride * STICK_BYTES, length,
+                             base, p.num_rows))
+        base += n * length * STICK_BYTES
+    C = idx.shape[-1]
+    positions = (np.arange(c.r0, c.r1)[:, None] * C + np.arange(c.c0, c.c1)[None, :]).reshape(-1)
+    out_dev = _out_sticks(p, rows, positions)
+    lengths = {length for _, length in rows.runs}
+    if len(lengths) == 1:  # every run alike: one (multi-loop) store pattern for all of them
+        L = lengths.pop()
+        ins += dma_tile(p.out, out_dev.reshape(n, -1, L).transpose(1, 0, 2), offsets[0], store=True)
+    else:
+        col = 0
+        for off, (_, length) in zip(offsets, rows.runs):
+            ins += dma_tile(p.out, out_dev[:, col:col + length], off, store=True)
+            col += length
+    return ins
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------------------------
+def build_gather(spec: GatherSpec, config: CardConfig) -> tuple[Program, KernelDecisions]:
+    """embedding / index_select / (expanded-index) gather -> (Program, KernelDecisions). Raises
+    CodegenError for specs it cannot compile; an index outside the source's rows stops the program on
+    the card (see :func:`explain_gather_error`)."""
+    p = _normalise(spec)
+    rows = _source_rows(p)
+    idx_rows = int(np.prod(p.index.shape[:-1])) if len(p.index.shape) > 1 else 1
+    per_chunk = _chunk_size(p, rows, spec, config)
+    chunks = _chunks(idx_rows, p.index.shape[-1], per_chunk, p.index.lanes)
+    per_core = _split(chunks, config.num_cores)
+    largest = max(chunks, key=lambda c: c.size)
+    row_bytes = rows.sticks_per_key * len(rows.keys) * STICK_BYTES
+    idx_bytes = (largest.r1 - largest.r0) * (-(-(largest.c1 - largest.c0 + p.index.lanes - 1) // p.index.lanes) + 1) * STICK_BYTES
+    bufs = [SpBuffer(f"{name}{q}", size) for q in range(2)
+            for name, size in (("idx", idx_bytes), ("rows", largest.size * row_bytes))]
+    try:
+        sp_plan = plan(bufs, config.scratchpad_plannable_bytes)
+    except ScratchpadOverflowError as e:
+        raise CodegenError(f"{spec.kind} {spec.name}: a chunk of {largest.size} indices does not fit: {e}") from None
+    buf = {b.name: b.offset for b in sp_plan.buffers}
+    cores = {core: [i for n, c in enumerate(cs) for i in _emit_chunk(p, rows, c, buf, n % 2)]
+             for core, cs in enumerate(per_core) if cs}
+    decisions = _gather_decisions(spec, p, rows, per_core, per_chunk, sp_plan)
+    operands = [p.source.operand("in")]
+    if p.index.name != p.source.name:
+        operands.append(p.index.operand("in"))
+    if p.out.name in (p.source.name, p.index.name):
+        raise CodegenError(f"{spec.kind} out %{p.out.name} is also an input; write to a separate buffer")
+    operands.append(p.out.operand("out"))
+    meta = {"kind": "gather", "decisions": decisions.to_dict(),
+            "gather": {"index_operand": p.index.name, "source_operand": p.source.name, "dim": p.dim,
+                       "valid_range": [0, p.num_rows]}}
+    return Program(spec.name, operands, cores, meta), decisions
+
+
+def explain_gather_error(program: Program, error: Exception) -> str:
+    """The card stops a DmaGather whose index is out of range, naming core, instruction and the range;
+    this adds which index tensor and source it was, from the program's metadata."""
+    g = program.metadata.get("gather")
+    if not g:
+        return str(error)
+    lo, hi = g["valid_range"]
+    return (f"{program.name}: index tensor %{g['index_operand']} holds a value outside [{lo}, {hi}), the valid "
+            f"rows of %{g['source_operand']} along dim {g['dim']} ({error})")
+
+
+def _gather_decisions(spec: GatherSpec, p: _Plan, rows: _RowSticks, per_core: list[list[_Chunk]],
+                      per_chunk: int, sp_plan: Any) -> KernelDecisions:
+    dec = KernelDecisions(spec.name, "gather", source_ops=list(spec.source_ops))
+    dec.buffers = [BufferDecision(p.source.name, "input", p.source.describe()),
+                   BufferDecision(p.index.name, "input", p.index.describe()),
+                   BufferDecision(p.out.name, "output", p.out.describe())]
+    sizes = [sum(c.size for c in cs) for cs in per_core if cs]
+    dec.work_division = {"unit": "index positions (each output row owns its sticks)", "cores": len(sizes),
+                         "positions_per_core": [min(sizes), max(sizes)], "chunks": sum(len(cs) for cs in per_core)}
+    dec.tiling = {"positions_per_chunk": per_chunk, "gathers_per_chunk": len(rows.runs),
+                  "row_sticks": [n for _, n in rows.runs], "row_stride_sticks": rows.stride, "dim": p.dim,
+                  "valid_rows": p.num_rows}
+    dec.scratchpad = {"peak_bytes": sp_plan.peak_bytes, "capacity": sp_plan.capacity,
+                      "buffers": {b.name: [b.offset, b.aligned_bytes] for b in sp_plan.buffers}}
+    dec.overlap = {"double_buffered": ["idx", "rows"]}
+    dec.alternatives = [
+        {"option": "one DmaGather per contiguous run of a row's sticks", "gathers_per_chunk": len(rows.runs),
+         "chosen": True},
+        {"option": "relayout the source so a row's sticks are contiguous (one gather per chunk)",
+         "chosen": False, "why": "a relayout pass over the whole table costs more than the extra gather instructions"},
+    ]
+    dec.notes = [f"indices outside [0, {p.num_rows}) stop the program at the DmaGather (card check); "
+                 f"index tensor %{p.index.name}, source %{p.source.name}"]
+    return dec
