@@ -1,0 +1,235 @@
+"""The SDPA program generator: programs run on the simulated card and match torch within DLFloat16
+tolerances; causal/padding masks, GQA, odd lengths, views; decisions, timing sanity and bad specs."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ is not a package
+
+from benchmarks.programs import run_on_card  # noqa: E402
+from torch_spyre.card import Card, load_config  # noqa: E402
+from torch_spyre.card.layout import StickLayout  # noqa: E402
+from torch_spyre.card.timing import time_program  # noqa: E402
+from torch_spyre.card.validate import validate  # noqa: E402
+from torch_spyre.compiler.codegen_attention import AttentionSpec, build_attention  # noqa: E402
+from torch_spyre.compiler.codegen_gather import CodegenError, TensorArg  # noqa: E402
+from torch_spyre.compiler.decisions import KernelDecisions  # noqa: E402
+from torch_spyre.program import MatMul, Program  # noqa: E402
+
+# DLFloat16 keeps 9 fraction bits (relative 2^-10) and P is rounded to it for the PE arrays.
+DL_TOL = dict(atol=1.5e-2, rtol=1.5e-2)
+F32_TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_config(environ={})
+
+
+@pytest.fixture(scope="module")
+def card(config):
+    return Card(0, config)
+
+
+def _inputs(spec: AttentionSpec, seed: int = 0, mask_fill: str = "random") -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    dt = torch.float32 if spec.query.dtype == "float32" else torch.float16
+    inp = {t.name: torch.randn(t.layout.host_shape, generator=g).to(dt) for t in (spec.query, spec.key, spec.value)}
+    m = spec.attn_mask
+    if m is not None:
+        keep = torch.rand(m.layout.host_shape, generator=g) > 0.3
+        if mask_fill == "padding":  # keys past a per-batch length are masked
+            lengths = torch.randint(1, m.shape[-1] + 1, (m.shape[0],), generator=g)
+            keep = (torch.arange(m.shape[-1]) < lengths[:, None]).reshape(m.layout.host_shape)
+        if m.dtype == "bool":
+            inp[m.name] = keep
+        else:  # Hugging Face style additive mask: finfo.min where masked, small values elsewhere
+            fdt = torch.float32 if m.dtype == "float32" else torch.float16
+            inp[m.name] = torch.where(keep, torch.randn(keep.shape, generator=g) * 0.5,
+                                      torch.tensor(torch.finfo(fdt).min)).to(fdt)
+    return inp
+
+
+def _reference(spec: AttentionSpec, inp: dict[str, torch.Tensor]) -> torch.Tensor:
+    q, k, v = (inp[t.name].float() for t in (spec.query, spec.key, spec.value))
+    mask = inp.get(spec.attn_mask.name) if spec.attn_mask is not None else None
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.float()
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=spec.is_causal, scale=spec.scale,
+                                          enable_gqa=spec.enable_gqa)
+
+
+def _check(card, config, spec: AttentionSpec, mask_fill: str = "random", seed: int = 0) -> tuple[Program, KernelDecisions]:
+    program, decisions = build_attention(spec, config)
+    inp = _inputs(spec, seed, mask_fill)
+    out, _ = run_on_card(card, program, inp)  # validates, then executes with every runtime check
+    tol = F32_TOL if spec.query.dtype == "float32" else DL_TOL
+    torch.testing.assert_close(out[spec.out.name], _reference(spec, inp), **tol)
+    return program, decisions
+
+
+# ---------------------------------------------------------------------------------------------
+# Numerics against torch
+# ---------------------------------------------------------------------------------------------
+CASES = {
+    # name: (batch, heads, seq_q, head_dim, kwargs)
+    "full_odd_len_d32": (1, 2, 100, 32, {}),
+    "causal_batch2_odd": (2, 3, 130, 64, dict(is_causal=True)),
+    "causal_lq_lt_lk": (1, 2, 50, 64, dict(seq_k=90, is_causal=True)),
+    "causal_lq_gt_lk": (1, 2, 90, 32, dict(seq_k=50, is_causal=True)),
+    "gqa_causal": (2, 8, 65, 64, dict(kv_heads=2, is_causal=True)),
+    "padding_mask_bool": (2, 4, 70, 64, dict(kv_heads=2, seq_k=150, mask_shape=(2, 1, 1, 150))),
+    "additive_mask_fp16": (1, 4, 70, 32, dict(kv_heads=1, mask_shape=(70, 70), mask_dtype=torch.float16)),
+    "per_head_bool_mask": (1, 4, 40, 64, dict(kv_heads=2, mask_shape=(1, 4, 40, 40))),
+    "custom_scale_dv": (1, 2, 90, 48, dict(value_dim=40, scale=0.3)),
+    "mask_and_causal": (2, 2, 80, 32, dict(is_causal=True, mask_shape=(2, 1, 1, 80))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("tiling", ["small_blocks", "chosen"])
+def test_matches_torch(card, config, name, tiling):
+    B, H, L, D, kw = CASES[name]
+    # Small blocks force several query and key blocks (and partial last blocks) at these lengths.
+    force = dict(block_q=32, block_k=64) if tiling == "small_blocks" else {}
+    spec = AttentionSpec.build(B, H, L, D, **kw, **force)
+    _check(card, config, spec, mask_fill="padding" if "padding" in name else "random")
+
+
+@pytest.mark.parametrize("heads_per_tile,batches_per_tile", [(1, 1), (2, 1), (4, 2)])
+def test_gqa_and_batch_stacking(card, config, heads_per_tile, batches_per_tile):
+    spec = AttentionSpec.build(2, 8, 45, 64, kv_heads=2, is_causal=True, block_q=32, block_k=64,
+                               heads_per_tile=heads_per_tile, batches_per_tile=batches_per_tile)
+    _, dec = _check(card, config, spec)
+    assert dec.tiling["heads_per_tile"] == heads_per_tile
+    assert dec.tiling["tile_rows"] == 32 * heads_per_tile * batches_per_tile
+
+
+def test_float32(card, config):
+    spec = AttentionSpec.build(1, 2, 90, 48, dtype=torch.float32, is_causal=True, block_q=32, block_k=64)
+    _check(card, config, spec)
+    spec = AttentionSpec.build(1, 2, 60, 32, dtype=torch.float32, mask_shape=(1, 2, 60, 60), mask_dtype=torch.float32)
+    _check(card, config, spec)
+
+
+def test_rows_that_see_no_key_give_zero(card, config):
+    spec = AttentionSpec.build(1, 2, 40, 64, mask_shape=(40, 40), block_k=64)
+    program, _ = build_attention(spec, config)
+    inp = _inputs(spec)
+    inp["mask"][3] = False
+    out, _ = run_on_card(card, program, inp)
+    ref = _reference(spec, inp)
+    assert torch.all(ref[:, :, 3] == 0)  # torch's convention
+    torch.testing.assert_close(out["out"], ref, **DL_TOL)
+
+
+def test_fused_qkv_views(card, config):
+    """MiniLM-style: q, k, v are views [B, H, L, 32] of one projection [B, L, 3 * H * 32]; heads start at
+    lane 0 or 32 of a stick, so they are read in place (no relayout) but never stacked in one tile."""
+    B, L, H, D = 2, 50, 4, 32
+    lay = StickLayout((B, L, 3 * H * D), 2, "dlfloat16")
+    strides = (L * 3 * H * D, D, 3 * H * D, 1)
+    q, k, v = (TensorArg("qkv", lay, (B, H, L, D), strides, part * H * D) for part in range(3))
+    out = TensorArg.contiguous("out", (B, H, L, D), torch.float16)
+    spec = AttentionSpec(q, k, v, out, is_causal=True)
+    program, dec = build_attention(spec, config)
+    assert dec.tiling["heads_per_tile"] == 1 and dec.tiling["batches_per_tile"] in (1, 2)
+    g = torch.Generator().manual_seed(1)
+    qkv = torch.randn(B, L, 3 * H * D, generator=g).half()
+    got, _ = run_on_card(card, program, {"qkv": qkv})
+    qh, kh, vh = qkv.float().reshape(B, L, 3, H, D).permute(2, 0, 3, 1, 4)
+    torch.testing.assert_close(got["out"], F.scaled_dot_product_attention(qh, kh, vh, is_causal=True), **DL_TOL)
+
+
+# ---------------------------------------------------------------------------------------------
+# Programs and decisions
+# ---------------------------------------------------------------------------------------------
+def test_program_validates_serializes_and_records_decisions(config):
+    spec = AttentionSpec.build(2, 8, 300, 64, kv_heads=2, is_causal=True, mask_shape=(2, 1, 1, 300))
+    program, dec = build_attention(spec, config)
+    validate(program, config)
+    again = Program.from_json(program.to_json())
+    assert again.cores == program.cores
+    assert KernelDecisions.from_dict(program.metadata["decisions"]) == dec
+    assert dec.kind == "attention"
+    assert dec.scratchpad["peak_bytes"] <= config.scratchpad_plannable_bytes
+    assert dec.work_division["cores"] == len(program.cores) <= config.num_cores
+    assert dec.tiling["causal_blocks_skipped"] > 0
+    assert dec.alternatives and all("est_us" in a for a in dec.alternatives)
+    assert "kernel" in dec.format() and "considered" in dec.format()
+
+
+def test_causal_skips_blocks_above_the_diagonal(config):
+    def matmuls(causal: bool) -> int:
+        spec = AttentionSpec.build(1, 2, 512, 64, is_causal=causal, block_q=64, block_k=64)
+        program, _ = build_attention(spec, config)
+        return sum(isinstance(i, MatMul) for _, _, i in program.instructions())
+
+    # 8 x 8 blocks per head; causal streams only the 36 on or below the diagonal.
+    assert matmuls(False) == 2 * 64 * 2
+    assert matmuls(True) == 2 * 36 * 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Simulated time
+# ---------------------------------------------------------------------------------------------
+def test_timing_is_deterministic_and_causal_is_cheaper_at_long_lengths(config):
+    full, _ = build_attention(AttentionSpec.build(1, 32, 1024, 64, kv_heads=8), config)
+    causal, _ = build_attention(AttentionSpec.build(1, 32, 1024, 64, kv_heads=8, is_causal=True), config)
+    t_full, t_causal = time_program(full, config), time_program(causal, config)
+    assert time_program(causal, config).total_s == t_causal.total_s
+    # Half the blocks are skipped; the diagonal blocks' bias, fills and imbalance keep it above half.
+    assert t_causal.total_s < 0.8 * t_full.total_s
+    assert t_causal.pe_flops < 0.6 * t_full.pe_flops
+    assert 0 < t_full.roofline_fraction <= 1
+
+
+def test_longer_sequences_cost_more(config):
+    times = [time_program(build_attention(AttentionSpec.build(1, 4, n, 64, is_causal=True), config)[0], config).total_s
+             for n in (256, 512, 1024)]
+    assert times[0] < times[1] < times[2]
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad specs
+# ---------------------------------------------------------------------------------------------
+def _spec_with(**replace) -> AttentionSpec:
+    base = AttentionSpec.build(1, 4, 64, 64)
+    fields = dict(query=base.query, key=base.key, value=base.value, out=base.out, attn_mask=None)
+    fields.update(replace)
+    return AttentionSpec(**fields)
+
+
+@pytest.mark.parametrize("spec,message", [
+    (lambda: _spec_with(key=TensorArg.contiguous("k", (1, 4, 64, 32), torch.float16)), "shapes do not agree"),
+    (lambda: _spec_with(value=TensorArg.contiguous("v", (1, 4, 60, 64), torch.float16)), "shapes do not agree"),
+    (lambda: _spec_with(out=TensorArg.contiguous("out", (1, 4, 64, 32), torch.float16)), "out %out has shape"),
+    (lambda: AttentionSpec.build(1, 6, 64, 64, kv_heads=4), "multiple of key/value heads"),
+    (lambda: AttentionSpec.build(1, 8, 64, 64, kv_heads=2, enable_gqa=False), "enable_gqa=True"),
+    (lambda: AttentionSpec.build(1, 4, 64, 64, dtype=torch.int32), "float16/bfloat16"),
+    (lambda: AttentionSpec.build(1, 4, 64, 64, dtype=torch.float64), "unsupported dtype"),
+    (lambda: AttentionSpec.build(1, 4, 64, 64, mask_shape=(3, 64)), "does not broadcast"),
+    (lambda: AttentionSpec.build(1, 4, 64, 64, mask_shape=(64, 64), mask_dtype=torch.int32), "bool or float"),
+    (lambda: _spec_with(query=TensorArg.contiguous("q", (4, 64, 64), torch.float16)), "must be 4-d"),
+    (lambda: _spec_with(query=TensorArg("q", StickLayout((1, 4, 64, 64), 2, "dlfloat16"), (1, 4, 64, 64))),
+     "relayout"),
+])
+def test_bad_specs_raise_clear_errors(config, spec, message):
+    with pytest.raises(CodegenError, match=message):
+        build_attention(spec(), config)
+
+
+def test_output_view_sharing_sticks_is_refused(config):
+    """Heads of 32 written into a [B, L, H * 32] buffer share sticks between cores: refused with a hint."""
+    B, L, H, D = 1, 64, 4, 32
+    out = TensorArg("out", StickLayout((B, L, H * D), 2, "dlfloat16"), (B, H, L, D), (L * H * D, D, H * D, 1))
+    base = AttentionSpec.build(B, H, L, D)
+    with pytest.raises(CodegenError, match=r"shares its sticks .*\(relayout\)"):
+        build_attention(AttentionSpec(base.query, base.key, base.value, out), config)
