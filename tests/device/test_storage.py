@@ -41,8 +41,15 @@ def test_tensors_on_a_second_card(run_python):
     r = run_python(
         """
         import torch, torch_spyre
+        from torch_spyre.runtime import stream as rt
         a = torch.arange(4.0).to("spyre:1")
+        got = []
+        rt.add_listener(got.append)
         b = a.to("spyre:0")
+        rt.remove_listener(got.append)
+        d2h, h2d = got
+        assert (d2h.card, d2h.kind, h2d.card, h2d.kind) == (1, "copy_d2h", 0, "copy_h2d"), got
+        assert h2d.start >= d2h.end, got  # card to card goes through the host link
         c = a * 2
         print(a.device, b.device, c.device, torch.spyre.memory_allocated(1), torch.spyre.memory_allocated(0))
         print(b.cpu().tolist())

@@ -73,6 +73,7 @@ _DL_CODES = {
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New
 _PyCapsule_New.restype = ctypes.py_object
 _PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_CAPSULE_NAME = b"dltensor"  # a capsule keeps a pointer to its name: the bytes must outlive it (module constant)
 
 
 _libc = ctypes.CDLL(None)
@@ -105,8 +106,12 @@ def storage_tensor(card: int, alloc: Allocation | None, dtype: torch.dtype, nume
     m.dl_tensor = _DLTensor(ptr, _DLDevice(_kDLExtDev, card), 1, _DLDataType(code, bits, 1), shape, None, 0)
     m.manager_ctx = None
     m.deleter = _FREE
-    capsule = _PyCapsule_New(block, b"dltensor", None)
-    t = torch.from_dlpack(capsule)
+    capsule = _PyCapsule_New(block, _CAPSULE_NAME, None)
+    try:
+        t = torch.from_dlpack(capsule)
+    except BaseException:
+        _libc.free(ctypes.c_void_p(block))  # torch did not take ownership
+        raise
     if t.device != torch.device("spyre", card) or (numel and t.data_ptr() != ptr):  # pragma: no cover
         raise RuntimeError(f"DLPack import gave a tensor on {t.device}, expected spyre:{card}")
     if alloc is not None:
