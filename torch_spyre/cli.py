@@ -33,9 +33,10 @@ def _derived(cfg) -> list[tuple[str, float, str, str]]:
 def _si(value: float, unit: str) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
+    short = {"bytes/s": "B/s"}.get(unit, unit)
     for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= factor and unit in ("flop/s", "bytes/s", "Hz"):
-            return f"{value / factor:.2f} {prefix}{unit}"
+            return f"{value / factor:.2f} {prefix}{short}"
     if unit == "s" and value and abs(value) < 1e-3:
         return f"{value * 1e6:g} us"
     return f"{value:g} {unit}".strip() if isinstance(value, float) else f"{value:,} {unit}".strip()
