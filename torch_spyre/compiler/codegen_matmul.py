@@ -210,14 +210,16 @@ class _Bound:
         strides.append(self.strides[L])
         return offset, shape, strides
 
-    def dma(self, lo: Sequence[int], n: Sequence[int], sp_offset: int, store: bool = False) -> Instruction:
+    def dma(self, lo: Sequence[int], n: Sequence[int], sp_offset: int, store: bool = False,
+            row_bytes: int | None = None) -> Instruction:
         """Move box [lo, lo+n) between device memory and a row-major scratchpad block (outer dims, then
-        the lane dim's sticks)."""
+        the lane dim's sticks); ``row_bytes`` is the block's row pitch when rows are wider than the box
+        (a tile buffer sized for the largest tile)."""
         offset, shape, dram = self.box(lo, n)
         sp, acc = [], STICK_BYTES
-        for size in reversed(shape):
+        for i, size in enumerate(reversed(shape)):
             sp.append(acc)
-            acc *= size
+            acc = row_bytes if i == 0 and row_bytes else acc * size
         sp.reverse()
         # Walk device memory in address order (the smallest stride innermost): consecutive sticks then
         # form one DRAM burst instead of a burst per stick. The scratchpad side keeps its arrangement.
@@ -908,7 +910,7 @@ class _Emitter:
         bb = 0 if batch is None else batch
         nt = _round(nn, UNIT)
         if not p.b_transposed:  # [K rows, N sticks]: the PE arrays' order
-            self.ins.append(p.b.dma((bb, k0, n0), (1, kn, nn), dst))
+            self.ins.append(p.b.dma((bb, k0, n0), (1, kn, nn), dst, row_bytes=nt * 2))
             return dst
         stage, kt = self.buf("b_t"), _round(kn, p.b.lanes)
         self.ins.append(p.b.dma((bb, k0, n0), (1, kn, nn), stage))  # [N rows, K sticks]
@@ -929,7 +931,7 @@ class _Emitter:
         else:
             dst = self.buf("a")
         if not p.a_transposed:
-            self.ins.append(p.a.dma((b0, m0, k0), (nb, nm, kn), dst))  # [rows, K sticks]
+            self.ins.append(p.a.dma((b0, m0, k0), (nb, nm, kn), dst, row_bytes=kt * 2))  # [rows, K sticks]
             return dst
         stage, ms = self.buf("a_t"), _round(nm, p.a.lanes)
         self.ins.append(p.a.dma((b0, m0, k0), (nb, nm, kn), stage))  # [batch, K rows, M sticks]
@@ -1007,7 +1009,7 @@ class _Emitter:
         shape3, dense = (nb, nm, nn), (nm * nt, nt, 1)
         acc = SpTensor(src, F32, shape3, dense)
         if not p.needs_epilogue:  # fp32 out, nothing to add: store the accumulator as it is
-            self.ins.append(p.out.dma((b0, m0, n0), (nb, nm, nn), src, store=True))
+            self.ins.append(p.out.dma((b0, m0, n0), (nb, nm, nn), src, store=True, row_bytes=nt * 4))
             return
         out_off = self.buf("o")
         out = SpTensor(out_off, p.out_dtype, shape3, dense)
@@ -1025,13 +1027,13 @@ class _Emitter:
         if nt != nn:
             pad = SpTensor(out_off + nn * p.out.itemsize, p.out_dtype, (nb, nm, nt - nn), dense)
             self.ins.append(Elementwise("copy", pad, (Scalar(0.0),)))
-        self.ins.append(p.out.dma((b0, m0, n0), (nb, nm, nn), out_off, store=True))
+        self.ins.append(p.out.dma((b0, m0, n0), (nb, nm, nn), out_off, store=True, row_bytes=nt * p.out.itemsize))
 
     def load_bias(self, b0: int, nb: int, m0: int, nm: int, n0: int, nn: int) -> SpTensor:
         """The bias box, loaded once per distinct row (broadcast dims collapse), viewed at the chunk's shape."""
         bias, nt = self.p.bias, _round(nn, UNIT)
         dst = self.buf("bias")
-        self.ins.append(bias.dma((b0, m0, n0), (nb, nm, nn), dst))
+        self.ins.append(bias.dma((b0, m0, n0), (nb, nm, nn), dst, row_bytes=nt * bias.itemsize))
         sb = nm * nt if bias.strides[0] and bias.strides[1] else nt
         strides = (sb if bias.strides[0] else 0, nt if bias.strides[1] else 0, 1)
         return SpTensor(dst, bias.layout.device_dtype, (nb, nm, nn), strides)
