@@ -450,11 +450,13 @@ class _Chunk:
 
 
 def _chunks(n_rows: int, n_cols: int, per_chunk: int, lanes: int) -> list[_Chunk]:
-    """Chunks of at most ``per_chunk`` positions: whole index rows, or stick-aligned pieces of one row."""
+    """Chunks of at most ``per_chunk`` positions: whole index rows, or pieces of one row (stick-aligned
+    unless a chunk is smaller than a stick)."""
     if n_cols <= per_chunk:
         step = max(1, per_chunk // n_cols)
         return [_Chunk(r, min(n_rows, r + step), 0, n_cols) for r in range(0, n_rows, step)]
-    seg = max(lanes, per_chunk // lanes * lanes)
+    # Whole index sticks when chunks are big; smaller chunks share an index stick (cores only read it).
+    seg = per_chunk // lanes * lanes if per_chunk >= lanes else per_chunk
     return [_Chunk(r, r + 1, c, min(n_cols, c + seg)) for r in range(n_rows) for c in range(0, n_cols, seg)]
 
 
