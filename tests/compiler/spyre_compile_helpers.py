@@ -1,0 +1,49 @@
+"""Shared helpers for the compiler tests: compile on spyre, compare with the CPU, count fallbacks."""
+
+from __future__ import annotations
+
+import torch
+
+import torch_spyre
+from torch_spyre.compiler import backend, wrapper
+
+backend.register()
+# Programs are generated from the kernel specs the wrapper references: keep FX-graph cache hits from
+# pointing at specs of an older build while the compiler changes (caching is a later step).
+torch._inductor.config.fx_graph_cache = False
+
+# DLFloat16 keeps 9 fraction bits (fp16 keeps 10): results differ from fp32 by a few 2^-10 relative.
+TOL = {torch.float16: dict(atol=3e-2, rtol=2e-2), torch.float32: dict(atol=1e-4, rtol=1e-4),
+       torch.bfloat16: dict(atol=5e-2, rtol=3e-2)}
+
+
+def fresh():
+    torch._dynamo.reset()
+    wrapper.reset_host_fallback_stats()
+    torch_spyre.reset_fallback_stats()
+
+
+def run_compiled(fn, *args, dynamic=False):
+    """fn compiled (default backend) on spyre copies of ``args``; returns the results on the CPU."""
+    fresh()
+    dev = [a.to("spyre") if isinstance(a, torch.Tensor) else a for a in args]
+    out = torch.compile(fn, dynamic=dynamic)(*dev)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    for o in outs:
+        assert o.device.type == "spyre", f"compiled result on {o.device}"
+    return type(out)(o.cpu() for o in outs) if isinstance(out, (tuple, list)) else out.cpu()
+
+
+def check(fn, *args, tol=None, ref_dtype=torch.float32):
+    """Compiled spyre result vs CPU eager in fp32 (within DLFloat16 tolerances), no host fallback."""
+    got = run_compiled(fn, *args)
+    ref_args = [a.to(ref_dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+    ref = fn(*ref_args)
+    gots = got if isinstance(got, (tuple, list)) else (got,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    for g, r in zip(gots, refs):
+        t = tol or TOL.get(g.dtype, dict(atol=0, rtol=0))
+        torch.testing.assert_close(g.to(r.dtype) if r.is_floating_point() else g, r, **t, check_dtype=False)
+    assert wrapper.host_fallback_stats() == {}, wrapper.host_fallback_stats()
+    assert dict(torch_spyre.fallback_stats()) == {}, dict(torch_spyre.fallback_stats())
+    return got

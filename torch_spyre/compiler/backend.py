@@ -1,0 +1,282 @@
+"""Registration with Inductor for device ``spyre``: scheduling, wrapper, device op overrides, device interface.
+
+This is the only file that registers anything with Inductor. :func:`register` is idempotent and cheap;
+it runs when ``torch_spyre.compiler`` is imported (``torch_spyre`` imports it lazily on the first
+``torch.compile``; see :func:`ensure_registered`).
+
+The scheduling (:class:`SpyreScheduling`) decides fusion with rules it can lower (same iteration
+space; pointwise into a reduction's loop; pointwise epilogues over a reduction's outer space) and turns
+each fused node into one kernel: a :class:`~torch_spyre.compiler.kernel_ir.KernelSpec` defined in the
+wrapper and launched per call (``wrapper.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+DEVICE = "spyre"
+_lock = threading.Lock()
+_registered = False
+
+
+# ---------------------------------------------------------------------------------------------
+# Device interface (Dynamo) and op overrides (Inductor's wrapper)
+# ---------------------------------------------------------------------------------------------
+def device_properties(device: Any = None) -> SimpleNamespace:
+    """What Inductor asks about the card: its 32 cores (``multi_processor_count``), memory, name."""
+    import torch_spyre  # noqa: F401  (registers the device)
+    from ..device import cards
+
+    idx = cards.index_of(device)
+    cfg = cards.config()
+    return SimpleNamespace(
+        name="IBM Spyre (simulated)", type=DEVICE, index=idx, multi_processor_count=cfg.num_cores,
+        num_cores=cfg.num_cores, total_memory=cfg.dram_capacity_bytes, clock_hz=cfg.clock_hz,
+        scratchpad_bytes=cfg.scratchpad_bytes, scratchpad_plannable_bytes=cfg.scratchpad_plannable_bytes,
+        stick_bytes=cfg.stick_bytes, warp_size=1, major=1, minor=0,
+    )
+
+
+def _make_device_interface():
+    from torch._dynamo.device_interface import DeviceInterface
+
+    class SpyreDeviceInterface(DeviceInterface):
+        class Worker:
+            @staticmethod
+            def set_device(device: int) -> None:
+                torch.spyre.set_device(device)
+
+            @staticmethod
+            def current_device() -> int:
+                return torch.spyre.current_device()
+
+            @staticmethod
+            def get_device_properties(device: Any = None) -> Any:
+                return device_properties(device)
+
+        @staticmethod
+        def current_device() -> int:
+            return torch.spyre.current_device()
+
+        @staticmethod
+        def set_device(device: Any) -> None:
+            torch.spyre.set_device(device)
+
+        @staticmethod
+        def maybe_exchange_device(device: int) -> int:
+            prev = torch.spyre.current_device()
+            if device >= 0 and device != prev:
+                torch.spyre.set_device(device)
+            return prev
+
+        exchange_device = maybe_exchange_device
+
+        @staticmethod
+        def device_count() -> int:
+            return torch.spyre.device_count()
+
+        @staticmethod
+        def is_available() -> bool:
+            return True
+
+        @staticmethod
+        def current_stream() -> Any:
+            return torch.spyre.current_stream()
+
+        @staticmethod
+        def synchronize(device: Any = None) -> None:
+            torch.spyre.synchronize(device)
+
+        @classmethod
+        def get_device_properties(cls, device: Any = None) -> Any:
+            return device_properties(device)
+
+        @staticmethod
+        def get_compute_capability(device: Any = None) -> Any:
+            return 0
+
+        @staticmethod
+        def is_bf16_supported(including_emulation: bool = False) -> bool:
+            return True
+
+        @staticmethod
+        def memory_allocated(device: Any = None) -> int:
+            return torch.spyre.memory_allocated(device)
+
+        @staticmethod
+        def is_triton_capable(device: Any = None) -> bool:
+            return False
+
+        @staticmethod
+        def get_raw_stream(device_idx: int) -> int:
+            return 0
+
+    return SpyreDeviceInterface
+
+
+def _make_op_overrides():
+    from torch._inductor.codegen.common import DeviceOpOverrides
+
+    class SpyreDeviceOpOverrides(DeviceOpOverrides):
+        def import_get_raw_stream_as(self, name: str) -> str:
+            return f"def {name}(_): return 0"
+
+        def set_device(self, device_idx: int) -> str:
+            return f"torch.spyre.set_device({device_idx})"
+
+        def synchronize(self) -> str:
+            return "torch.spyre.synchronize()"
+
+        def device_guard(self, device_idx: int) -> str:
+            return f"torch.spyre.device({device_idx})"
+
+        def current_stream(self) -> str:
+            return "torch.spyre.current_stream()"
+
+    return SpyreDeviceOpOverrides()
+
+
+# ---------------------------------------------------------------------------------------------
+# Scheduling
+# ---------------------------------------------------------------------------------------------
+def _make_scheduling():
+    from torch._inductor import scheduler as sched
+    from torch._inductor.codegen.simd import SIMDKernel
+    from torch._inductor.utils import sympy_product
+    from torch._inductor.virtualized import V
+
+    from . import kernel_ir
+
+    class SpyreScheduling(sched.BaseScheduling):
+        """Fusion rules the Spyre generators can lower, and one kernel per fused node."""
+
+        kernel_count = 0
+
+        def group_fn(self, sizes):
+            return tuple(V.graph.sizevars.simplify(sympy_product(s)) for s in sizes)
+
+        def get_backend_features(self, device):
+            from torch._inductor.codegen.common import BackendFeature
+            from torch.utils._ordered_set import OrderedSet
+
+            # REDUCE_TO_SINGLE_ELEMENT: a reduction stays one kernel (Inductor's split reductions make
+            # two-stage kernels tuned for GPUs; the card reduces a whole row per core).
+            return OrderedSet([BackendFeature.REDUCE_TO_SINGLE_ELEMENT])
+
+        # --- fusion ----------------------------------------------------------------------------
+        def can_fuse_vertical(self, node1, node2) -> bool:
+            return self._can_fuse(node1, node2)
+
+        def can_fuse_horizontal(self, node1, node2) -> bool:
+            return self._can_fuse(node1, node2)
+
+        def _can_fuse(self, node1, node2) -> bool:
+            if any(n.is_template() or isinstance(n, sched.ForeachKernelSchedulerNode) for n in (node1, node2)):
+                return False
+            if any(not isinstance(n, (sched.SchedulerNode, sched.FusedSchedulerNode)) for n in (node1, node2)):
+                return False
+            _, (numel1, rnumel1) = node1.group
+            _, (numel2, rnumel2) = node2.group
+            r1, r2 = node1.is_reduction(), node2.is_reduction()
+            if r1 and r2:
+                return numel1 == numel2 and rnumel1 == rnumel2
+            if not r1 and not r2:
+                return numel1 == numel2 and rnumel1 == rnumel2
+            red, pw = (node1, node2) if r1 else (node2, node1)
+            _, (numel, rnumel) = red.group
+            _, (pnumel, _) = pw.group
+            if pnumel == numel * rnumel:
+                return all(SIMDKernel.is_compatible((numel, rnumel), n.get_ranges()) for n in pw.get_nodes())
+            # A pointwise node over the reduction's outer space: only after the reduction (an epilogue).
+            return pnumel == numel and r1
+
+        # --- code generation -------------------------------------------------------------------
+        def codegen_node(self, node) -> None:
+            nodes = [n for n in node.get_nodes() if n.get_name() not in self.scheduler.removed_ops]
+            if not nodes:
+                return
+            for n in nodes:
+                n.mark_run()
+            wrapper = V.graph.wrapper_code
+            name = wrapper.next_spyre_kernel_name(nodes)
+            spec = kernel_ir.kernel_spec(name, nodes, real_name=self._real_name)
+            wrapper.define_spyre_kernel(spec)
+            wrapper.call_spyre_kernel(spec)
+            self.free_buffers_in_scheduler()
+
+        @staticmethod
+        def _real_name(name: str) -> str:
+            return V.graph.scheduler.mutation_real_name.get(name, name)
+
+        def codegen_template(self, *args, **kwargs):
+            raise kernel_ir.LoweringError("template kernels are not generated by the Spyre backend")
+
+        def codegen_sync(self) -> None:
+            pass
+
+        def flush(self) -> None:
+            pass
+
+        def ready_to_flush(self) -> bool:
+            return False
+
+        def benchmark_fused_nodes(self, nodes):
+            raise NotImplementedError("the Spyre backend does not benchmark kernels (no autotuning)")
+
+        def benchmark_codegened_module(self, module):
+            raise NotImplementedError("the Spyre backend does not benchmark kernels (no autotuning)")
+
+        def generate_kernel_code_from_nodes(self, nodes, benchmark_kernel=False, hint_override=None):
+            raise NotImplementedError("the Spyre backend does not benchmark kernels (no autotuning)")
+
+    return SpyreScheduling
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------------------------
+def _stream_device_shim() -> None:
+    """Dynamo reads ``torch.accelerator.current_stream().device`` when it starts tracing. Until the
+    runtime's Stream has that attribute (asked of the device owner), provide it here."""
+    from ..runtime import stream as rt
+
+    if not hasattr(rt.Stream, "device"):
+        rt.Stream.device = property(lambda self: torch.device(DEVICE, self.card))
+
+
+def register() -> None:
+    """Register the Spyre backend with Inductor and Dynamo for device ``spyre`` (idempotent)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        import torch_spyre  # noqa: F401  (the device must exist first)
+
+        _stream_device_shim()
+        from torch._dynamo.device_interface import register_interface_for_device
+        from torch._inductor.codegen.common import register_backend_for_device, register_device_op_overrides
+
+        from .wrapper import _make_wrapper_class
+
+        register_backend_for_device(DEVICE, _make_scheduling(), _make_wrapper_class())
+        register_device_op_overrides(DEVICE, _make_op_overrides())
+        register_interface_for_device(DEVICE, _make_device_interface())
+        _registered = True
+
+
+def inductor_attr(name: str) -> Any:
+    """What Inductor's lazy PrivateUse1 lookup (``torch.spyre.Scheduling`` etc., read on the first
+    compile by ``init_backend_registration``) should get; registers everything on the way. The device
+    module forwards its ``__getattr__`` for these names here."""
+    register()
+    from torch._inductor.codegen.common import get_scheduling_for_device, get_wrapper_codegen_for_device
+
+    if name == "Scheduling":
+        return get_scheduling_for_device(DEVICE)
+    if name == "PythonWrapperCodegen":
+        return get_wrapper_codegen_for_device(DEVICE)
+    return None  # no C++ or FX wrapper for spyre

@@ -1,0 +1,444 @@
+"""Inductor scheduler nodes -> :class:`KernelSpec`: what one fused kernel computes, as plain data.
+
+This module is the only reader of Inductor's ``LoopBody``. It walks each scheduler node's body with a
+recording ops handler and produces, for the whole fused node:
+
+- the kernel's canonical iteration space: outer dims ``x_sizes`` and reduction dims ``r_sizes``;
+- per scheduler node: its own iteration ranges and its *placement* in the kernel's space ("full":
+  it runs over x and r, "outer": over x only, "reduction": x outer, r reduced);
+- the op DAG (SSA): loads and stores with their index expressions (sympy over the node's variables,
+  kept as strings), pointwise ops, constants, dtype conversions, masks, reductions (sum, max, min,
+  prod; welford as mean and a second centred sum);
+- the buffers every access names, with their Inductor layouts (size, stride, offset, dtype);
+- provenance: origins as ATen op names and the user's stack-trace lines.
+
+A :class:`KernelSpec` is JSON-serializable: the generated wrapper stores it and generates the
+program at the first call, when the stick layouts of the bound tensors are known.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+import sympy
+import torch
+
+
+class LoweringError(NotImplementedError):
+    """An Inductor node the Spyre compiler cannot lower (the message says what and what to do)."""
+
+
+class DynamicShapeError(LoweringError):
+    pass
+
+
+# torch dtype <-> the names used in specs
+_DTYPE_NAMES = {
+    torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64",
+    torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8",
+    torch.uint8: "uint8", torch.bool: "bool",
+}
+_NAME_DTYPES = {v: k for k, v in _DTYPE_NAMES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        raise LoweringError(f"the Spyre compiler has no mapping for dtype {dtype}") from None
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return _NAME_DTYPES[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# The spec
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Op:
+    """One SSA value. ``args`` are op ids; ``attrs`` hold the rest (a constant's ``value``, a load's
+    ``buffer`` and ``index``, a reduction's type, the masks guarding a load)."""
+
+    id: int
+    op: str  # "load", "store", "constant", "index_expr", "to_dtype", "reduction", "where", "add", ...
+    args: list[int]
+    dtype: str | None
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class NodeSpec:
+    name: str  # the scheduler node's name (e.g. "op3")
+    sizes: list[int]
+    reduction_sizes: list[int]
+    placement: str  # "full", "outer" or "reduction"
+    ops: list[Op]
+    origins: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BufferSpec:
+    name: str
+    dtype: str
+    size: list[int]
+    stride: list[int]
+    offset: int
+    role: str  # "input", "output", "inout"
+
+
+@dataclass
+class KernelSpec:
+    name: str
+    x_sizes: list[int]
+    r_sizes: list[int]
+    nodes: list[NodeSpec]
+    buffers: list[BufferSpec]
+    source_ops: list[str] = field(default_factory=list)
+    source_lines: list[str] = field(default_factory=list)
+    # Which program generator builds it: "" = pointwise/reduction (codegen_pointwise); other
+    # generators (matmul, attention, gather) register in wrapper.GENERATORS and read ``params``.
+    generator: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        if self.generator:
+            return self.generator
+        return "reduction" if self.r_sizes else "pointwise"
+
+    def buffer(self, name: str) -> BufferSpec:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "KernelSpec":
+        d = json.loads(text)
+        nodes = [NodeSpec(**{**n, "ops": [Op(**o) for o in n["ops"]]}) for n in d.pop("nodes")]
+        buffers = [BufferSpec(**b) for b in d.pop("buffers")]
+        return cls(nodes=nodes, buffers=buffers, **d)
+
+    def describe(self) -> str:
+        lines = [f"kernel {self.name}: {self.kind} over x={self.x_sizes} r={self.r_sizes}"]
+        for n in self.nodes:
+            lines.append(f"  node {n.name} ({n.placement}) sizes={n.sizes} rsizes={n.reduction_sizes}")
+            for o in n.ops:
+                lines.append(f"    %{o.id} = {o.op}({', '.join(_fmt_arg(a) for a in o.args)}) "
+                             f"{o.dtype or ''} {o.attrs if o.attrs else ''}".rstrip())
+        return "\n".join(lines)
+
+
+def _fmt_arg(a: Any) -> str:
+    return f"%{a}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Recording ops handler
+# ---------------------------------------------------------------------------------------------
+class _Ref:
+    """What the handler returns for a recorded value: an op id."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, id: int):
+        self.id = id
+
+    def __repr__(self) -> str:
+        return f"%{self.id}"
+
+
+# Pointwise ops the card computes, with the program op each becomes (see codegen_pointwise).
+POINTWISE_OPS = {
+    "add", "sub", "mul", "truediv", "div", "neg", "abs", "relu", "exp", "log", "sqrt", "rsqrt",
+    "reciprocal", "tanh", "sigmoid", "erf", "sin", "cos", "floor", "ceil", "round", "sign", "logical_not",
+    "square", "maximum", "minimum", "pow", "lt", "le", "gt", "ge", "eq", "ne", "logical_and",
+    "logical_or", "remainder", "floordiv", "where", "fma", "exp2", "expm1", "log1p", "log2", "trunc",
+    "floor_to_int", "ceil_to_int", "round_to_int", "trunc_to_int", "int_truediv", "mod", "truncdiv",
+    "identity", "libdevice_exp", "libdevice_sqrt", "libdevice_abs", "libdevice_log", "bitwise_and",
+    "bitwise_or", "bitwise_not",
+}
+REDUCTIONS = {"sum", "max", "min", "prod", "welford_reduce", "any", "argmax", "argmin", "xor_sum", "welford_combine"}
+
+
+class RecordingHandler:
+    """Records every op Inductor's LoopBody emits into a list of :class:`Op`."""
+
+    def __init__(self, var_names: set[str], real_name: Any = None):
+        self.real_name = real_name or (lambda n: n)
+        self.ops: list[Op] = []
+        self.guards: list[int] = []  # masks around the loads being recorded (ops.masked)
+        self.var_names = var_names
+        self._next = 0
+
+    def _emit(self, op: str, args: Iterable[Any], dtype: torch.dtype | str | None, **attrs: Any) -> _Ref:
+        norm = []
+        for a in args:
+            if isinstance(a, _Ref):
+                norm.append(a.id)
+            elif isinstance(a, (bool, int, float)):
+                # Literals become constant ops: every op argument is an op id.
+                norm.append(self.constant(a, _literal_dtype(a)).id)
+            else:
+                raise LoweringError(f"op {op} got an argument of type {type(a).__name__} ({a!r}) the Spyre "
+                                    "compiler cannot represent")
+        d = dtype_name(dtype) if isinstance(dtype, torch.dtype) else dtype
+        o = Op(self._next, op, norm, d, attrs)
+        self._next += 1
+        self.ops.append(o)
+        return _Ref(o.id)
+
+    def _dtype_of(self, ref: Any) -> str | None:
+        if isinstance(ref, _Ref):
+            return self.ops[ref.id].dtype
+        return None
+
+    def _index(self, index: sympy.Expr) -> str:
+        index = sympy.sympify(index)
+        unknown = {str(s) for s in index.free_symbols} - self.var_names
+        if unknown:
+            raise DynamicShapeError(
+                f"index expression {index} uses symbols {sorted(unknown)} that are not loop variables: "
+                "dynamic shapes (or indirect indexing) are not supported by the Spyre compiler yet; "
+                "compile with torch.compile(..., dynamic=False)"
+            )
+        return str(index)
+
+    # --- memory ---------------------------------------------------------------------------------
+    def load(self, name: str, index: sympy.Expr) -> _Ref:
+        from torch._inductor.virtualized import V
+
+        dtype = V.graph.get_dtype(name)
+        guards = {"guards": list(self.guards)} if self.guards else {}
+        return self._emit("load", [], dtype, buffer=self.real_name(name), index=self._index(index), **guards)
+
+    def store(self, name: str, index: sympy.Expr, value: Any, mode: Any = None) -> None:
+        if mode is not None:
+            raise LoweringError(f"store mode {mode!r} (e.g. atomic add from index_put/scatter) into {name} "
+                                "is not supported by the Spyre compiler yet")
+        from torch._inductor.virtualized import V
+
+        self._emit("store", [value], V.graph.get_dtype(name), buffer=self.real_name(name), index=self._index(index))
+
+    def store_reduction(self, name: str, index: sympy.Expr, value: Any) -> None:
+        from torch._inductor.virtualized import V
+
+        self._emit("store", [value], V.graph.get_dtype(name), buffer=self.real_name(name),
+                   index=self._index(index), reduction=True)
+
+    def reduction(self, dtype, src_dtype, reduction_type, value):
+        if reduction_type == "welford_reduce":
+            return self._welford(dtype, value)
+        if reduction_type not in ("sum", "max", "min", "prod", "any"):
+            raise LoweringError(
+                f"reduction {reduction_type!r} has no Spyre lowering yet (supported: sum, max, min, prod, "
+                "any, welford via mean/var); the op using it cannot be compiled for spyre"
+            )
+        rtype = "max" if reduction_type == "any" else reduction_type
+        return self._emit("reduction", [value], dtype, reduction=rtype)
+
+    def _welford(self, dtype, value):
+        """welford_reduce(x) -> (mean, m2, weight): mean = sum(x)/n, m2 = sum((x - mean)^2), n."""
+        n = float(self.reduction_numel)
+        total = self._emit("reduction", [value], torch.float32, reduction="sum")
+        count = self.constant(n, torch.float32)
+        mean = self._emit("truediv", [total, count], torch.float32)
+        centred = self._emit("sub", [value, mean], torch.float32)
+        sq = self._emit("mul", [centred, centred], torch.float32)
+        m2 = self._emit("reduction", [sq], torch.float32, reduction="sum")
+        return (mean, m2, count)
+
+    # --- values ---------------------------------------------------------------------------------
+    def constant(self, value, dtype):
+        v = value
+        if isinstance(v, float) and (math.isinf(v) or math.isnan(v)):
+            v = repr(v)  # JSON-safe: "inf", "-inf", "nan"
+        return self._emit("constant", [], dtype, value=v)
+
+    def index_expr(self, expr, dtype):
+        return self._emit("index_expr", [], dtype, index=self._index(expr))
+
+    def to_dtype(self, x, dtype, src_dtype=None, use_compute_types=True):
+        return self._emit("to_dtype", [x], dtype)
+
+    def masked(self, mask, body, other):
+        self.guards.append(mask.id)
+        try:
+            result = body()
+        finally:
+            self.guards.pop()
+        dt = self._dtype_of(result)
+        other_ref = other if isinstance(other, _Ref) else self.constant(other, dt or _literal_dtype(other))
+        return self._emit("where", [mask, result, other_ref], dt)
+
+    def indirect_indexing(self, index_var, size, check=True, wrap_neg=True):
+        raise LoweringError(
+            "indirect indexing (embedding, gather, index_select, index_put) is lowered by the gather "
+            "generator, not the pointwise one; it is not available yet in this build"
+        )
+
+    def where(self, cond, a, b):
+        return self._emit("where", [cond, a, b], self._dtype_of(a) or self._dtype_of(b))
+
+    def _default(self, name: str, args: tuple, kwargs: dict) -> Any:
+        if name not in POINTWISE_OPS:
+            raise LoweringError(f"pointwise op {name!r} has no Spyre lowering yet")
+        dtypes = [self._dtype_of(a) for a in args if isinstance(a, _Ref)]
+        dt = _result_dtype(name, dtypes)
+        return self._emit(name, list(args), dt)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def op(*args: Any, **kwargs: Any) -> Any:
+            return self._default(name, args, kwargs)
+
+        return op
+
+
+def _literal_dtype(v: Any) -> torch.dtype:
+    return torch.bool if isinstance(v, bool) else torch.int64 if isinstance(v, int) else torch.float32
+
+
+_BOOL_OPS = {"lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or", "logical_not"}
+
+
+def _result_dtype(name: str, dtypes: list[str | None]) -> str | None:
+    if name in _BOOL_OPS:
+        return "bool"
+    known = [d for d in dtypes if d]
+    if not known:
+        return None
+    for pref in ("float32", "float64", "float16", "bfloat16"):
+        if pref in known:
+            return pref
+    if name in ("truediv", "div", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "sin", "cos"):
+        return "float32"
+    return known[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Scheduler nodes -> KernelSpec (Inductor private APIs below)
+# ---------------------------------------------------------------------------------------------
+def static_ints(values: Iterable[Any], what: str) -> list[int]:
+    out = []
+    for v in values:
+        try:
+            out.append(int(v))
+        except TypeError:
+            raise DynamicShapeError(
+                f"{what} {list(values)} is symbolic: dynamic shapes are not supported by the Spyre compiler "
+                "yet; compile with torch.compile(..., dynamic=False) (or torch._dynamo.config."
+                "automatic_dynamic_shapes = False)"
+            ) from None
+    return out
+
+
+def _node_ops(node: Any, sizes: list[int], rsizes: list[int], real_name: Any = None) -> list[Op]:
+    from torch._inductor.virtualized import V
+
+    xvars = [sympy.Symbol(f"x{i}", integer=True, nonnegative=True) for i in range(len(sizes))]
+    rvars = [sympy.Symbol(f"r{i}", integer=True, nonnegative=True) for i in range(len(rsizes))]
+    handler = RecordingHandler({str(v) for v in xvars + rvars}, real_name)
+    handler.reduction_numel = math.prod(rsizes) if rsizes else 1
+    with V.set_ops_handler(handler):
+        node._body(xvars, rvars)
+    return handler.ops
+
+
+def origins_of(nodes: list[Any]) -> tuple[list[str], list[str]]:
+    """ATen op names and stack-trace lines of the FX nodes the scheduler nodes came from."""
+    ops: list[str] = []
+    lines: list[str] = []
+    for n in nodes:
+        for origin in sorted(getattr(n.node, "origins", ()) or (), key=lambda o: o.name):
+            target = getattr(origin, "target", None)
+            if origin.op == "call_function" and target is not None:
+                name = str(target)
+                name = name if name.startswith("aten.") else f"{getattr(target, '__module__', '')}.{name}".strip(".")
+                if name not in ops:
+                    ops.append(name)
+            trace = origin.meta.get("stack_trace") if hasattr(origin, "meta") else None
+            if trace:
+                line = _last_user_frame(trace)
+                if line and line not in lines:
+                    lines.append(line)
+    return ops, lines
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
+
+
+def _last_user_frame(trace: str) -> str | None:
+    frames = _FRAME.findall(trace)
+    if not frames:
+        return None
+    path, line, fn, code = frames[-1]
+    return f"{path.rsplit('/', 1)[-1]}:{line} in {fn}: {code.strip()}"
+
+
+def _placement(sizes: list[int], rsizes: list[int], xnumel: int, rnumel: int) -> str:
+    if rsizes:
+        if math.prod(sizes) != xnumel or math.prod(rsizes) != rnumel:
+            raise LoweringError(f"reduction node ranges {sizes} x {rsizes} do not match the kernel's "
+                                f"{xnumel} x {rnumel} iteration space")
+        return "reduction"
+    n = math.prod(sizes)
+    if n == xnumel * rnumel:
+        return "full"
+    if n == xnumel:
+        return "outer"
+    raise LoweringError(f"pointwise node of {n} elements does not fit the kernel's {xnumel} x {rnumel} space")
+
+
+def _buffer_spec(name: str, role: str) -> BufferSpec:
+    from torch._inductor.virtualized import V
+
+    buf = V.graph.get_buffer(name)
+    if buf is None and name in V.graph.graph_inputs:
+        buf = V.graph.graph_inputs[name]
+    layout = buf.get_layout()
+    return BufferSpec(name, dtype_name(layout.dtype), static_ints(layout.size, f"buffer {name} size"),
+                      static_ints(layout.stride, f"buffer {name} stride"),
+                      static_ints([layout.offset], f"buffer {name} offset")[0], role)
+
+
+def kernel_spec(name: str, nodes: list[Any], real_name: Any = None) -> KernelSpec:
+    """The KernelSpec of the scheduler nodes of one fused kernel (in execution order)."""
+    ranges = [(static_ints(n.get_ranges()[0], "iteration range"), static_ints(n.get_ranges()[1], "reduction range"))
+              for n in nodes]
+    red = [r for r in ranges if r[1]]
+    x_sizes, r_sizes = red[0] if red else (ranges[0][0], [])
+    x_sizes = list(x_sizes) or [1]  # a 0-d output (full reduction, scalar op): one outer element
+    xnumel, rnumel = math.prod(x_sizes), math.prod(r_sizes) if r_sizes else 1
+    specs = []
+    for n, (sizes, rsizes) in zip(nodes, ranges):
+        ops = _node_ops(n, sizes, rsizes, real_name)
+        node_ops, _ = origins_of([n])
+        specs.append(NodeSpec(n.get_name(), sizes, rsizes, _placement(sizes, rsizes, xnumel, rnumel), ops, node_ops))
+    source_ops, source_lines = origins_of(nodes)
+    buffers = _buffers(specs, nodes)
+    return KernelSpec(name, x_sizes, r_sizes, specs, buffers, source_ops, source_lines)
+
+
+def _buffers(specs: list[NodeSpec], nodes: list[Any]) -> list[BufferSpec]:
+    loaded, stored = [], []
+    for s in specs:
+        for o in s.ops:
+            lst = loaded if o.op == "load" else stored if o.op == "store" else None
+            if lst is not None and o.attrs["buffer"] not in lst:
+                lst.append(o.attrs["buffer"])
+    out = []
+    for name in loaded + [n for n in stored if n not in loaded]:
+        role = "inout" if name in loaded and name in stored else "input" if name in loaded else "output"
+        out.append(_buffer_spec(name, role))
+    return out

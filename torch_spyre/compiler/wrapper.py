@@ -1,0 +1,287 @@
+"""The wrapper: Inductor's generated Python for a spyre graph, and the runtime objects it calls.
+
+The generated module reads like this::
+
+    # kernel spyre_add_mul_0: pointwise over x=[128, 256]; from aten.add.Tensor, aten.mul.Tensor
+    #   at model.py:12 in forward: y = (x + 1) * w
+    spyre_add_mul_0 = SpyreKernel.load('/tmp/torchinductor_u/xy/cxy....json')
+    ...
+    def call(args):
+        arg0_1, arg1_1 = args
+        buf0 = empty_spyre((128, 256), (256, 1), torch.float16, 0)  # sticks on dim 1
+        spyre_add_mul_0.run(arg0_1=arg0_1, arg1_1=arg1_1, buf0=buf0)
+        return (buf0, )
+
+:class:`SpyreKernel` holds the kernel's :class:`~torch_spyre.compiler.kernel_ir.KernelSpec`. At its first
+call with a given placement of its tensors (their stick layouts and storage offsets) it generates the
+program, writes the ``TORCH_SPYRE_DEBUG`` files and prepares it for the card (validation, timing, patch
+table); every call then only patches addresses and launches on the current stream.
+
+Host fallbacks inside compiled graphs (extern kernels Inductor could not lower) are counted:
+:func:`host_fallback_stats` must stay empty for supported ops.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any, Callable
+
+import torch
+
+from .kernel_ir import KernelSpec
+
+# ---------------------------------------------------------------------------------------------
+# Runtime side (what generated code calls)
+# ---------------------------------------------------------------------------------------------
+_fallbacks: Counter[str] = Counter()
+_fallback_lock = threading.Lock()
+
+
+def note_host_fallback(name: str) -> None:
+    """Called by generated code right before an op runs on the host inside a compiled graph."""
+    with _fallback_lock:
+        _fallbacks[name] += 1
+
+
+def host_fallback_stats() -> dict[str, int]:
+    """Op name -> number of host executions inside compiled spyre graphs."""
+    with _fallback_lock:
+        return dict(_fallbacks)
+
+
+def reset_host_fallback_stats() -> None:
+    with _fallback_lock:
+        _fallbacks.clear()
+
+
+def empty_spyre(size, stride, dtype: torch.dtype, card: int, stick_dim: int | None = None) -> torch.Tensor:
+    """A spyre buffer allocated by a compiled graph. ``stick_dim`` (a dim of the dense host shape,
+    outermost first) picks the sticked dimension; None keeps the device's default (the unit-stride dim)."""
+    from ..card.layout import StickLayout
+    from ..device import dtypes, tensor
+
+    layout = None
+    if stick_dim is not None:
+        base = tensor.layout_for(size, stride, dtype)
+        layout = StickLayout(base.host_shape, stick_dim, dtypes.device_dtype(dtype))
+    return tensor.empty_strided(size, stride, dtype, card, layout=layout)
+
+
+# Program generators by KernelSpec.generator ("" = pointwise/reduction). Other generators (matmul,
+# attention, gather) register themselves here: fn(spec, places, config) -> Program.
+GENERATORS: dict[str, Callable[..., Any]] = {}
+
+
+def register_generator(name: str, fn: Callable[..., Any]) -> None:
+    GENERATORS[name] = fn
+
+
+def _generator(spec: KernelSpec) -> Callable[..., Any]:
+    if not spec.generator:
+        from .codegen_pointwise import generate
+
+        return generate
+    if spec.generator not in GENERATORS:
+        raise RuntimeError(f"kernel {spec.name} needs the {spec.generator!r} program generator, which is not "
+                           f"registered (known: {', '.join(GENERATORS) or 'none'})")
+    return GENERATORS[spec.generator]
+
+
+class SpyreKernel:
+    """One compiled kernel: generates and prepares its program per placement, launches it per call."""
+
+    def __init__(self, spec: KernelSpec):
+        self.spec = spec
+        self._prepared: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+        self.last_launch = None
+
+    @classmethod
+    def load(cls, path: str) -> "SpyreKernel":
+        with open(path) as f:
+            return cls(KernelSpec.from_json(f.read()))
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def placements(self, tensors: dict[str, torch.Tensor]):
+        from ..device.storage import allocation_of
+        from .access import TensorPlace
+
+        places, allocs, card = {}, {}, None
+        for b in self.spec.buffers:
+            t = tensors[b.name]
+            if t.device.type != "spyre":
+                raise RuntimeError(f"kernel {self.name}: buffer {b.name} is on {t.device}, expected a spyre device")
+            alloc = allocation_of(t)
+            if alloc is None:
+                return None, None, None
+            c = t.device.index or 0
+            if card is not None and c != card:
+                raise RuntimeError(f"kernel {self.name}: tensors on spyre:{card} and spyre:{c}; move them to one card")
+            card = c
+            places[b.name] = TensorPlace(alloc.meta["layout"], int(t.storage_offset()))
+            allocs[b.name] = alloc
+        return places, allocs, card
+
+    def run(self, **tensors: torch.Tensor) -> None:
+        places, allocs, card = self.placements(tensors)
+        if places is None:  # a tensor of no elements: nothing to compute
+            return
+        key = (card, tuple(sorted(places.items(), key=lambda kv: kv[0])))
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            prepared = self._prepare(places, card, key)
+        from ..runtime.launch import launch
+
+        self.last_launch = launch(prepared, allocs)
+
+    def program_for(self, places: dict[str, Any], config: Any):
+        return _generator(self.spec)(self.spec, places, config)
+
+    def _prepare(self, places: dict[str, Any], card: int, key: tuple):
+        from ..device import cards
+        from ..runtime.launch import prepare
+        from . import debug
+
+        with self._lock:
+            if key in self._prepared:
+                return self._prepared[key]
+            c = cards.card(card)
+            program = self.program_for(places, c.config)
+            debug.dump_kernel(self.spec, program)
+            prepared = prepare(program, c)
+            self._prepared[key] = prepared
+            return prepared
+
+    def __repr__(self) -> str:
+        return f"<SpyreKernel {self.name}: {len(self._prepared)} prepared placement(s)>"
+
+
+# ---------------------------------------------------------------------------------------------
+# Inductor side (codegen)
+# ---------------------------------------------------------------------------------------------
+def _make_wrapper_class():
+    from torch._inductor import codecache
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+
+    class SpyreWrapperCodegen(PythonWrapperCodegen):
+        """Python wrapper for spyre graphs: spyre buffers with their layouts, kernels prepared once."""
+
+        def __init__(self):
+            super().__init__()
+            self._spyre_kernel_names: set[str] = set()
+            self._spyre_imports = False
+
+        @staticmethod
+        def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
+            if is_subgraph:
+                return PythonWrapperCodegen.create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures)
+            return SpyreWrapperCodegen()
+
+        def write_header(self) -> None:
+            super().write_header()
+            self.imports.splice(
+                """
+                from torch_spyre.compiler.wrapper import SpyreKernel, empty_spyre, note_host_fallback
+                """,
+                strip=True,
+            )
+
+        # --- kernels ------------------------------------------------------------------------------
+        def next_spyre_kernel_name(self, nodes) -> str:
+            from torch._inductor.utils import get_fused_kernel_name
+
+            try:
+                base = get_fused_kernel_name(nodes, "original_aten")
+            except Exception:  # noqa: BLE001 - a name is cosmetic
+                base = "fused"
+            base = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in base)[:48].strip("_") or "kernel"
+            i = len(self._spyre_kernel_names)
+            name = f"spyre_{base}_{i}"
+            self._spyre_kernel_names.add(name)
+            return name
+
+        def define_spyre_kernel(self, spec: KernelSpec) -> None:
+            _, path = codecache.write(spec.to_json(), "json")
+            ops = ", ".join(spec.source_ops) or "?"
+            self.header.writeline(f"# kernel {spec.name}: {spec.kind} over x={spec.x_sizes} r={spec.r_sizes}; from {ops}")
+            for line in spec.source_lines[:3]:
+                self.header.writeline(f"#   at {line}")
+            self.header.writeline(f"{spec.name} = SpyreKernel.load({path!r})")
+
+        def call_spyre_kernel(self, spec: KernelSpec) -> None:
+            args = ", ".join(f"{b.name}={b.name}" for b in spec.buffers)
+            self.writeline(f"{spec.name}.run({args})")
+
+        # --- allocation with layouts -------------------------------------------------------------
+        def make_allocation(self, name, device, dtype, shape, stride, allocation_shape=None, is_pinned=False):
+            if device.type != "spyre":
+                return super().make_allocation(name, device, dtype, shape, stride, allocation_shape, is_pinned)
+            if allocation_shape is not None and tuple(allocation_shape) != tuple(shape):
+                return super().make_allocation(name, device, dtype, shape, stride, allocation_shape, is_pinned)
+            size_t = self.codegen_python_shape_tuple(shape)
+            stride_t = self.codegen_python_shape_tuple(stride)
+            comment = _layout_comment(shape, stride, dtype)
+            return f"{name} = empty_spyre({size_t}, {stride_t}, {dtype}, {device.index or 0}){comment}"
+
+        # --- host fallbacks are counted ------------------------------------------------------------
+        def _note_fallback(self, node: Any) -> None:
+            name = (getattr(node, "python_kernel_name", None) or
+                    (node.get_kernel_name() if hasattr(node, "get_kernel_name") else type(node).__name__))
+            if _is_spyre_node(node):
+                self.writeline(f"note_host_fallback({str(name)!r})")
+
+        def generate_fallback_kernel(self, node) -> None:
+            self._note_fallback(node)
+            super().generate_fallback_kernel(node)
+
+        def generate_extern_kernel_alloc(self, node) -> None:
+            self._note_fallback(node)
+            super().generate_extern_kernel_alloc(node)
+
+        def generate_extern_kernel_out(self, node) -> None:
+            self._note_fallback(node)
+            super().generate_extern_kernel_out(node)
+
+        def generate_extern_kernel_multi_out(self, node) -> None:
+            self._note_fallback(node)
+            super().generate_extern_kernel_multi_out(node)
+
+        def generate_scatter_fallback(self, node) -> None:
+            self._note_fallback(node)
+            super().generate_scatter_fallback(node)
+
+        def generate_index_put_fallback(self, node) -> None:
+            self._note_fallback(node)
+            super().generate_index_put_fallback(node)
+
+    return SpyreWrapperCodegen
+
+
+def _is_spyre_node(node: Any) -> bool:
+    try:
+        dev = node.get_device()
+    except Exception:  # noqa: BLE001
+        return True
+    return dev is None or dev.type == "spyre"
+
+
+def _layout_comment(shape, stride, dtype) -> str:
+    try:
+        from ..device import tensor
+
+        layout = tensor.layout_for([int(s) for s in shape], [int(s) for s in stride], dtype)
+        return f"  # host {list(layout.host_shape)} sticked on dim {layout.stick_dim}, {layout.nbytes} device bytes"
+    except Exception:  # noqa: BLE001 - symbolic or empty shapes: no comment
+        return ""
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SpyreWrapperCodegen":
+        cls = _make_wrapper_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(name)
