@@ -100,6 +100,7 @@ class AttentionSpec:
     block_k: int | None = None
     heads_per_tile: int | None = None
     batches_per_tile: int | None = None
+    exp_precision: str = "auto"  # "float32": exp of fp32 scores; "input": of scores rounded to the input dtype
     source_ops: tuple[str, ...] = ("aten._scaled_dot_product_flash_attention_for_cpu",)
 
     @staticmethod
@@ -171,6 +172,13 @@ def _check_spec(spec: AttentionSpec) -> _Dims:
         spec.attn_mask.check_last_dim_sticked("attn_mask")
     scale = 1.0 / math.sqrt(D) if spec.scale is None else float(spec.scale)
     return _Dims(B, Hq, Hkv, Lq, Lk, D, Dv, next(iter(dtypes)), scale)
+
+
+def _exp_in_input_dtype(spec: AttentionSpec, dims: _Dims) -> bool:
+    """Whether the exp reads S*scale - m rounded to the input dtype (auto: yes for DLFloat16 inputs)."""
+    if spec.exp_precision not in ("auto", "float32", "input"):
+        raise CodegenError(f"sdpa exp_precision must be auto, float32 or input, got {spec.exp_precision!r}")
+    return dims.dtype != "float32" and spec.exp_precision in ("auto", "input")
 
 
 def _broadcast_mask(mask: TensorArg, dims: _Dims) -> TensorArg:
@@ -259,7 +267,8 @@ def _block_cycles(cfg: CardConfig, dims: _Dims, it: WorkItem, nk: int, has_mask:
     pe = nb * (_matmul_cycles(cfg, it.sub_rows, dims.D, nk, dims.dtype)
                + _matmul_cycles(cfg, it.sub_rows, nk, dims.Dv, dims.dtype))
     s = m * nk
-    vec = _vector_cycles(cfg, s, 4) * (2 + has_mask) + _vector_cycles(cfg, s, 4, True)  # mask, max, fma, exp
+    exp_width = 4 if has_mask or dims.dtype == "float32" else isz  # see _exp_in_input_dtype
+    vec = _vector_cycles(cfg, s, 4) * (2 + has_mask) + _vector_cycles(cfg, s, exp_width, True)  # mask, max, fma, exp
     vec += _vector_cycles(cfg, s, isz) + _vector_cycles(cfg, m * dims.Dv, 4)  # rowsum, rescale
     return pe, vec
 
@@ -470,6 +479,7 @@ class _CoreEmitter:
         self.spec, self.dims, self.t, self.mask, self.buf = spec, dims, t, mask, buf
         self.ins: list[Instruction] = []
         self.pdt = dims.dtype  # the dtype P is rounded to for the PE arrays
+        self.exp_in_p = _exp_in_input_dtype(spec, dims)
         self.stats = {"blocks": 0, "causal_bias_blocks": 0, "skipped_blocks": 0}
         self.prev_nm: SpTensor | None = None
         self.q: SpTensor | None = None
@@ -568,11 +578,15 @@ class _CoreEmitter:
                          _ew("exp", alpha, alpha)]
         self.prev_nm = nm  # the running -max lives in this block's buffer set (mcur or nm)
         # P = exp(S * scale - m): one fma (or add) and the exp, rounded for the PE arrays.
+        # With exp_precision "input", S*scale - m (<= 0) is rounded to P's dtype and the exp runs in place
+        # on P: half the vector unit's bytes for the costliest op of the block. Not in masked blocks:
+        # DLFloat16 has one code for NaN and Inf, so -inf would come back as NaN.
+        x = p2 if self.exp_in_p and not masked else s2
         if scaled:
-            self.ins.append(_ew("add", s2, s2, _bcast_rows(nm, nk)))
+            self.ins.append(_ew("add", x, s2, _bcast_rows(nm, nk)))
         else:
-            self.ins.append(_ew("fma", s2, s2, d.scale, _bcast_rows(nm, nk)))
-        self.ins.append(_ew("exp", p2, s2))
+            self.ins.append(_ew("fma", x, s2, d.scale, _bcast_rows(nm, nk)))
+        self.ins.append(_ew("exp", p2, x))
         if st.first:
             self.ins.append(Reduce("sum", l, p2, axis=1))
         else:
