@@ -460,6 +460,29 @@ def _chunks(n_rows: int, n_cols: int, per_chunk: int, lanes: int) -> list[_Chunk
     return [_Chunk(r, r + 1, c, min(n_cols, c + seg)) for r in range(n_rows) for c in range(0, n_cols, seg)]
 
 
+def _chunk_plans(n_rows: int, n_cols: int, per_chunk: int, lanes: int) -> dict[str, list[_Chunk]]:
+    """Ways to cut the index positions into chunks: along its rows (above), or, when every row fits in
+    a chunk, all rows by a few columns — the output then gets one DRAM burst across rows when its layout
+    interleaves them (IBM's layout puts the first dim innermost, e.g. the batch of [B, L, D])."""
+    plans = {"row pieces": _chunks(n_rows, n_cols, per_chunk, lanes)}
+    if 1 < n_rows <= per_chunk and n_cols > 1:
+        cols = max(1, per_chunk // n_rows)
+        plans["column blocks"] = [_Chunk(0, n_rows, c, min(n_cols, c + cols)) for c in range(0, n_cols, cols)]
+    return plans
+
+
+def _choose_chunks(p: _Plan, rows: "_RowSticks", plans: dict[str, list[_Chunk]]) -> tuple[str, list[_Chunk], dict]:
+    """The plan whose first chunk's output sticks make the fewest DRAM bursts per position."""
+    C = p.index.shape[-1]
+    scores = {}
+    for name, chunks in plans.items():
+        c = chunks[0]
+        positions = (np.arange(c.r0, c.r1)[:, None] * C + np.arange(c.c0, c.c1)[None, :]).reshape(-1)
+        scores[name] = round(dram_runs(_out_sticks(p, rows, positions)) / c.size, 3)
+    best = min(plans, key=lambda n: scores[n])
+    return best, plans[best], scores
+
+
 def _split(chunks: list[_Chunk], cores: int) -> list[list[_Chunk]]:
     """Consecutive chunks per core, about the same number of positions each."""
     total = sum(c.size for c in chunks)
@@ -511,15 +534,18 @@ def _emit_chunk(p: _Plan, rows: _RowSticks, c: _Chunk, buf: dict[str, int], pari
         base += n * length * STICK_BYTES
     C = idx.shape[-1]
     positions = (np.arange(c.r0, c.r1)[:, None] * C + np.arange(c.c0, c.c1)[None, :]).reshape(-1)
-    out_dev = _out_sticks(p, rows, positions)
+    # [index rows, index columns, sticks]: keeping the chunk's two axes apart lets a store pattern
+    # follow each one's own device stride.
+    out_dev = _out_sticks(p, rows, positions).reshape(c.r1 - c.r0, c.c1 - c.c0, -1)
     lengths = {length for _, length in rows.runs}
     if len(lengths) == 1:  # every run alike: one (multi-loop) store pattern for all of them
         L = lengths.pop()
-        ins += dma_tile(p.out, out_dev.reshape(n, -1, L).transpose(1, 0, 2), offsets[0], store=True)
+        tiles = out_dev.reshape(c.r1 - c.r0, c.c1 - c.c0, -1, L).transpose(2, 0, 1, 3)
+        ins += dma_tile(p.out, tiles, offsets[0], store=True)
     else:
         col = 0
         for off, (_, length) in zip(offsets, rows.runs):
-            ins += dma_tile(p.out, out_dev[:, col:col + length], off, store=True)
+            ins += dma_tile(p.out, out_dev[:, :, col:col + length], off, store=True)
             col += length
     return ins
 
@@ -535,7 +561,8 @@ def build_gather(spec: GatherSpec, config: CardConfig) -> tuple[Program, KernelD
     rows = _source_rows(p)
     idx_rows = int(np.prod(p.index.shape[:-1])) if len(p.index.shape) > 1 else 1
     per_chunk = _chunk_size(p, rows, spec, config)
-    chunks = _chunks(idx_rows, p.index.shape[-1], per_chunk, p.index.lanes)
+    plans = _chunk_plans(idx_rows, p.index.shape[-1], per_chunk, p.index.lanes)
+    plan_name, chunks, plan_scores = _choose_chunks(p, rows, plans)
     per_core = _split(chunks, config.num_cores)
     largest = max(chunks, key=lambda c: c.size)
     row_bytes = rows.sticks_per_key * len(rows.keys) * STICK_BYTES
@@ -550,6 +577,9 @@ def build_gather(spec: GatherSpec, config: CardConfig) -> tuple[Program, KernelD
     cores = {core: [i for n, c in enumerate(cs) for i in _emit_chunk(p, rows, c, buf, n % 2)]
              for core, cs in enumerate(per_core) if cs}
     decisions = _gather_decisions(spec, p, rows, per_core, per_chunk, sp_plan)
+    decisions.tiling["chunking"] = plan_name
+    decisions.alternatives.insert(0, {"option": "chunking by output DRAM bursts per index", **plan_scores,
+                                      "chosen": plan_name})
     operands = [p.source.operand("in")]
     if p.index.name != p.source.name:
         operands.append(p.index.operand("in"))
