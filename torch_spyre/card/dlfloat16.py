@@ -11,10 +11,14 @@ Bits: sign 1 | exponent 6 | fraction 9, bias 31, value = (-1)^s * 2^(e-31) * (1 
   software path saturates instead. fp32 infinities and NaNs also map to the special code.
 - To fp32: exact, except the special code, which becomes NaN (the card cannot tell NaN from Inf).
 
-All functions are vectorized over numpy arrays; bit patterns are ``uint16``.
+All functions are vectorized over numpy arrays; bit patterns are ``uint16``. fp16 and bf16 have only
+65,536 bit patterns each, so their conversions (and decoding to fp32) are one gather through a table
+built once from the arithmetic definitions below.
 """
 
 from __future__ import annotations
+
+from functools import cache
 
 import numpy as np
 
@@ -52,7 +56,7 @@ def from_float32(values: np.ndarray) -> np.ndarray:
     return (out | sign).astype(np.uint16)
 
 
-def to_float32(bits: np.ndarray) -> np.ndarray:
+def _to_float32_arith(bits: np.ndarray) -> np.ndarray:
     """Expand DLFloat16 bit patterns to fp32 (exact; the special code becomes NaN)."""
     b = np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32)
     sign = (b & 0x8000) << 16
@@ -63,6 +67,62 @@ def to_float32(bits: np.ndarray) -> np.ndarray:
     out = np.where(mag == 0, sign, out)
     out = np.where(mag == SPECIAL, np.uint32(0x7FC00000) | sign, out)
     return out.astype(np.uint32).view(np.float32)
+
+
+_ALL_CODES = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+
+
+@cache
+def _decode_table() -> np.ndarray:
+    return _to_float32_arith(_ALL_CODES)
+
+
+def to_float32(bits: np.ndarray) -> np.ndarray:
+    """Expand DLFloat16 bit patterns to fp32 (exact; the special code becomes NaN)."""
+    return _decode_table()[np.asarray(bits, dtype=np.uint16)]
+
+
+def _bfloat16_bits_from_float32(values: np.ndarray) -> np.ndarray:
+    """fp32 -> bf16 bits, round to nearest even (as torch converts); NaN stays a quiet NaN."""
+    b = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = ((b + np.uint32(0x7FFF) + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(values)
+    return np.where(nan, ((b >> 16) | 0x40).astype(np.uint16), rounded)
+
+
+@cache
+def _tables() -> dict[str, np.ndarray]:
+    fp16 = _ALL_CODES.view(np.float16).astype(np.float32)
+    bf16 = (_ALL_CODES.astype(np.uint32) << 16).view(np.float32)
+    decoded = _decode_table()
+    with np.errstate(over="ignore", invalid="ignore"):
+        to_fp16 = decoded.astype(np.float16).view(np.uint16)
+    return {
+        "from_float16": from_float32(fp16),
+        "from_bfloat16": from_float32(bf16),
+        "to_float16": to_fp16,
+        "to_bfloat16": _bfloat16_bits_from_float32(decoded),
+    }
+
+
+def from_float16_bits(bits: np.ndarray) -> np.ndarray:
+    """IEEE fp16 bit patterns -> DLFloat16 bit patterns (same rounding as :func:`from_float32`)."""
+    return _tables()["from_float16"][np.asarray(bits, dtype=np.uint16)]
+
+
+def from_bfloat16_bits(bits: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns -> DLFloat16 bit patterns (same rounding as :func:`from_float32`)."""
+    return _tables()["from_bfloat16"][np.asarray(bits, dtype=np.uint16)]
+
+
+def to_float16_bits(bits: np.ndarray) -> np.ndarray:
+    """DLFloat16 -> IEEE fp16 bits through fp32 (round to nearest even; above 65504 -> inf)."""
+    return _tables()["to_float16"][np.asarray(bits, dtype=np.uint16)]
+
+
+def to_bfloat16_bits(bits: np.ndarray) -> np.ndarray:
+    """DLFloat16 -> bf16 bits through fp32 (round to nearest even, as torch converts fp32 to bf16)."""
+    return _tables()["to_bfloat16"][np.asarray(bits, dtype=np.uint16)]
 
 
 def round_float32(values: np.ndarray) -> np.ndarray:

@@ -77,16 +77,6 @@ NP_DTYPES: dict[str, np.dtype] = {
 }
 FLOAT_DTYPES = frozenset({"dlfloat16", "float32"})
 
-# Every DLFloat16 code decoded once (256 KiB): decoding a tile is then one gather, several times
-# faster than the bit arithmetic of to_float32, and exactly the same values.
-_DL_DECODE = to_float32(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16))
-
-
-def decode_dlfloat16(bits: np.ndarray) -> np.ndarray:
-    """DLFloat16 bits (any shape, any strides) as fp32 values."""
-    return _DL_DECODE[bits]
-
-
 class ExecutionError(ProgramError):
     """A program that went wrong while running (the message names the core and the instruction)."""
 
@@ -498,7 +488,7 @@ class _Execution:
         view = self._view(st, t, what)
         self._require_written(st, self._mask_view(st, t), t.offset, what)
         if t.dtype == "dlfloat16":
-            return decode_dlfloat16(view)
+            return to_float32(view)
         if t.dtype == "float32" or t.dtype == "bool":
             return np.array(view)
         return view.astype(np.int64)

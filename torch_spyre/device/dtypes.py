@@ -101,6 +101,11 @@ def encode(host: torch.Tensor, encoding: str) -> np.ndarray:
     """Flat device-encoded elements of a CPU tensor (any shape, read in row-major order)."""
     flat = host.detach().reshape(-1)
     if encoding == DLFLOAT16:
+        # fp16/bf16 have 65,536 bit patterns: one table gather instead of the fp32 arithmetic.
+        if flat.dtype == torch.float16:
+            return dlfloat16.from_float16_bits(flat.contiguous().view(torch.int16).numpy().view(np.uint16))
+        if flat.dtype == torch.bfloat16:
+            return dlfloat16.from_bfloat16_bits(flat.contiguous().view(torch.int16).numpy().view(np.uint16))
         return dlfloat16.from_float32(flat.to(torch.float32).numpy())
     if flat.dtype in (torch.float16, torch.bfloat16):
         return flat.contiguous().view(torch.int16).numpy().view(np.uint16)
@@ -114,6 +119,10 @@ def decode(device: np.ndarray, dtype: torch.dtype, encoding: str) -> torch.Tenso
     become inf), to bf16 with torch's round-to-nearest-even conversion; the NaN/Inf code becomes NaN.
     """
     if encoding == DLFLOAT16:
+        if dtype == torch.float16:
+            return torch.from_numpy(dlfloat16.to_float16_bits(device).view(np.int16)).view(torch.float16)
+        if dtype == torch.bfloat16:
+            return torch.from_numpy(dlfloat16.to_bfloat16_bits(device).view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(dlfloat16.to_float32(device)).to(dtype)
     arr = np.ascontiguousarray(device)
     if dtype in (torch.float16, torch.bfloat16):
