@@ -233,3 +233,23 @@ def test_output_view_sharing_sticks_is_refused(config):
     base = AttentionSpec.build(B, H, L, D)
     with pytest.raises(CodegenError, match=r"shares its sticks .*\(relayout\)"):
         build_attention(AttentionSpec(base.query, base.key, base.value, out), config)
+
+
+def test_wrapper_generator_interface(card, config):
+    """What compiler/wrapper.py calls: generate(KernelSpec, {name: TensorPlace}, config) -> Program."""
+    from torch_spyre.compiler.access import TensorPlace
+    from torch_spyre.compiler.codegen_attention import GENERATOR, generate
+    from torch_spyre.compiler.kernel_ir import BufferSpec, KernelSpec
+
+    spec = AttentionSpec.build(1, 4, 50, 64, kv_heads=2, is_causal=True, mask_shape=(1, 1, 1, 50))
+    args = {"q": spec.query, "k": spec.key, "v": spec.value, "out": spec.out, "mask": spec.attn_mask}
+    buffers = [BufferSpec(n, "float16" if n != "mask" else "bool", list(t.shape), list(t.strides), 0,
+                          "output" if n == "out" else "input") for n, t in args.items()]
+    kspec = KernelSpec("sdpa_0", [], [], [], buffers, ["aten._scaled_dot_product_flash_attention_for_cpu"],
+                       generator=GENERATOR, params=dict(query="q", key="k", value="v", out="out", attn_mask="mask",
+                                                        is_causal=True, enable_gqa=True))
+    program = generate(kspec, {n: TensorPlace(t.layout, 0) for n, t in args.items()}, config)
+    assert program.name == "sdpa_0" and program.metadata["decisions"]["kind"] == "attention"
+    inp = _inputs(spec, mask_fill="padding")
+    out, _ = run_on_card(card, program, inp)
+    torch.testing.assert_close(out["out"], _reference(spec, inp), **DL_TOL)

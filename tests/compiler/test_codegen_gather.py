@@ -197,3 +197,23 @@ def test_stick_patterns_cover_each_stick_once():
 def test_bad_specs_raise_clear_errors(config, make, message):
     with pytest.raises(CodegenError, match=message):
         build_gather(make(), config)
+
+
+def test_wrapper_generator_interface(card, config):
+    """What compiler/wrapper.py calls: generate(KernelSpec, {name: TensorPlace}, config) -> Program."""
+    from torch_spyre.compiler.access import TensorPlace
+    from torch_spyre.compiler.codegen_gather import GENERATOR, generate
+    from torch_spyre.compiler.kernel_ir import BufferSpec, KernelSpec
+
+    spec = GatherSpec.embedding(100, 64, (3, 7))
+    args = {"weight": spec.source, "indices": spec.index, "out": spec.out}
+    buffers = [BufferSpec(n, "int64" if n == "indices" else "float16", list(t.shape), list(t.strides), 0,
+                          "output" if n == "out" else "input") for n, t in args.items()]
+    kspec = KernelSpec("embedding_0", [], [], [], buffers, ["aten.embedding.default"], generator=GENERATOR,
+                       params=dict(kind="embedding", source="weight", index="indices", out="out", dim=0))
+    program = generate(kspec, {n: TensorPlace(t.layout, 0) for n, t in args.items()}, config)
+    assert program.metadata["decisions"]["kind"] == "gather"
+    g = _gen(5)
+    weight, idx = torch.randn(100, 64, generator=g).half(), torch.randint(0, 100, (3, 7), generator=g)
+    out, _ = run_on_card(card, program, {"weight": weight, "indices": idx})
+    torch.testing.assert_close(out["out"], F.embedding(idx, weight).float(), **DL_TOL)

@@ -741,3 +741,37 @@ def _decisions(spec: AttentionSpec, dims: _Dims, t: Tiling, sp_plan: Any, per_co
         dec.notes.append("a float16 mask holding -inf reads as NaN on the card (DLFloat16 has one NaN/Inf code); "
                          "use torch.finfo(torch.float16).min for masked positions, as Hugging Face does")
     return dec
+
+
+# ---------------------------------------------------------------------------------------------
+# The wrapper's generator interface (compiler/wrapper.py: fn(KernelSpec, places, config) -> Program)
+# ---------------------------------------------------------------------------------------------
+GENERATOR = "attention"
+
+
+def tensor_arg(kspec: Any, name: str, places: dict[str, Any]) -> TensorArg:
+    """A kernel buffer (sizes and strides from the KernelSpec, layout and storage offset from where the
+    tensor was placed at launch) as a TensorArg."""
+    b = kspec.buffer(name)
+    place = places[name]
+    return TensorArg(name, place.layout, tuple(b.size), tuple(b.stride), int(place.storage_offset))
+
+
+def spec_from_kernel(kspec: Any, places: dict[str, Any]) -> AttentionSpec:
+    """``kspec.params``: query, key, value, out, attn_mask (buffer names; attn_mask may be None),
+    is_causal, scale (None: 1/sqrt(D)), enable_gqa."""
+    p = kspec.params
+    mask = p.get("attn_mask")
+    return AttentionSpec(
+        tensor_arg(kspec, p["query"], places), tensor_arg(kspec, p["key"], places),
+        tensor_arg(kspec, p["value"], places), tensor_arg(kspec, p["out"], places),
+        tensor_arg(kspec, mask, places) if mask else None, bool(p.get("is_causal", False)), p.get("scale"),
+        bool(p.get("enable_gqa", False)), kspec.name, source_ops=tuple(kspec.source_ops) or AttentionSpec.source_ops)
+
+
+def generate(kspec: Any, places: dict[str, Any], config: CardConfig) -> Program:
+    """Register with ``wrapper.register_generator(GENERATOR, generate)``."""
+    program, decisions = build_attention(spec_from_kernel(kspec, places), config)
+    decisions.source_lines = list(getattr(kspec, "source_lines", []))
+    program.metadata["decisions"] = decisions.to_dict()
+    return program

@@ -627,3 +627,28 @@ def _gather_decisions(spec: GatherSpec, p: _Plan, rows: _RowSticks, per_core: li
     dec.notes = [f"indices outside [0, {p.num_rows}) stop the program at the DmaGather (card check); "
                  f"index tensor %{p.index.name}, source %{p.source.name}"]
     return dec
+
+
+# ---------------------------------------------------------------------------------------------
+# The wrapper's generator interface (compiler/wrapper.py: fn(KernelSpec, places, config) -> Program)
+# ---------------------------------------------------------------------------------------------
+GENERATOR = "gather"
+
+
+def spec_from_kernel(kspec: Any, places: dict[str, Any]) -> GatherSpec:
+    """``kspec.params``: kind (embedding, index_select or gather), source, index, out (buffer names), dim."""
+    def arg(name: str) -> TensorArg:
+        b = kspec.buffer(name)
+        return TensorArg(name, places[name].layout, tuple(b.size), tuple(b.stride), int(places[name].storage_offset))
+
+    p = kspec.params
+    return GatherSpec(p["kind"], arg(p["source"]), arg(p["index"]), arg(p["out"]), int(p.get("dim", 0)),
+                      kspec.name, source_ops=tuple(kspec.source_ops))
+
+
+def generate(kspec: Any, places: dict[str, Any], config: CardConfig) -> Program:
+    """Register with ``wrapper.register_generator(GENERATOR, generate)``."""
+    program, decisions = build_gather(spec_from_kernel(kspec, places), config)
+    decisions.source_lines = list(getattr(kspec, "source_lines", []))
+    program.metadata["decisions"] = decisions.to_dict()
+    return program
