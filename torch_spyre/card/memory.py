@@ -156,6 +156,11 @@ class DeviceMemory:
             self.peak_allocated = self.allocated
             self.peak_reserved = self.reserved
 
+    def reset_counters(self) -> None:
+        """Zero the accumulated call counters (torch.cuda's reset_accumulated_memory_stats)."""
+        with self._lock:
+            self.num_alloc_calls = self.num_free_calls = self.num_ooms = 0
+
     @property
     def free_bytes(self) -> int:
         return self.capacity - self.allocated

@@ -41,7 +41,7 @@ def reset_max_memory_allocated(device=None) -> None:
 
 def reset_accumulated_memory_stats(device=None) -> None:
     mem = _memory(device)
-    mem.num_alloc_calls = mem.num_free_calls = mem.num_ooms = 0
+    mem.reset_counters()
 
 
 def memory_stats(device=None) -> "OrderedDict[str, Any]":
