@@ -29,9 +29,10 @@ Blocks entirely above the causal diagonal are never emitted. The causal bias of 
 no memory traffic: it is a strided view (strides [-1, 1]) of one vector [0 ... 0, -inf ... -inf] written
 once per core, so element (i, j) reads entry c + j - i.
 
-*Masked rows.* Running maxima are clamped at -1e30 so that a block where a row sees no key gives
-exp(-inf) = 0 rather than NaN, and l is clamped at 1e-30 before the division, so a row that sees no key
-at all comes out 0, as torch gives.
+*Masked rows.* Running maxima are clamped at the lowest finite fp32 so that a block where a row sees no
+key gives exp(-inf) = 0 rather than NaN, and l is clamped at 1e-30 before the division, so a row that
+sees no key at all comes out 0, as torch gives (a row masked by finite finfo.min values averages V, as
+in torch).
 """
 
 from __future__ import annotations
@@ -68,7 +69,10 @@ from torch_spyre.program import (
 )
 
 NEG_INF = float("-inf")
-MAX_CLAMP = 1e30  # running maxima never go below -MAX_CLAMP (a fully masked row stays finite)
+# Running maxima never go below the lowest finite fp32: a row whose keys are all -inf in a block stays
+# finite (exp(-inf - m) = 0, not NaN), while masks of finfo.min (finite, as Hugging Face writes them)
+# keep torch's meaning: a row masked everywhere by finite values averages V uniformly.
+MAX_CLAMP = float(np.finfo(np.float32).max)
 L_FLOOR = 1e-30  # the row sum of a fully masked row is 0: divide by this instead
 COMPUTE_DTYPES = ("dlfloat16", "float32")
 MASK_DTYPES = ("bool", "dlfloat16", "float32")
