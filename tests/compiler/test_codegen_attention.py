@@ -130,6 +130,17 @@ def test_rows_that_see_no_key_give_zero(card, config):
     torch.testing.assert_close(out["out"], ref, **DL_TOL)
 
 
+def test_rows_masked_by_finite_minimum_average_v_like_torch(card, config):
+    """Hugging Face masks with finfo.min (finite): a row masked everywhere gets uniform weights in torch."""
+    spec = AttentionSpec.build(1, 2, 40, 32, dtype=torch.float32, mask_shape=(40, 70), seq_k=70,
+                               mask_dtype=torch.float32, block_k=64)
+    program, _ = build_attention(spec, config)
+    inp = _inputs(spec)
+    inp["mask"][5] = torch.finfo(torch.float32).min
+    out, _ = run_on_card(card, program, inp)
+    torch.testing.assert_close(out["out"], _reference(spec, inp), **F32_TOL)
+
+
 def test_fused_qkv_views(card, config):
     """MiniLM-style: q, k, v are views [B, H, L, 32] of one projection [B, L, 3 * H * 32]; heads start at
     lane 0 or 32 of a stick, so they are read in place (no relayout) but never stacked in one tile."""
