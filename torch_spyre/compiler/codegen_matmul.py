@@ -458,40 +458,56 @@ def _row_align(p: _Problem) -> int:
     return p.a.lanes if p.a_transposed else 1
 
 
-def _assign(p: _Problem, s: Split) -> list[_CoreWork] | None:
-    """Core -> its box. Partners are adjacent cores; None if a split leaves a core without work."""
+def _assign(p: _Problem, s: Split, cfg: CardConfig) -> list[_CoreWork] | None:
+    """Core -> its box; None if a split leaves a core without work. K-split partners sit on adjacent
+    ring stops, in partner order."""
     bs = _chunks(p.batch, s.batch)
     ms = _chunks(p.M, s.m, _row_align(p))
     ns = [(a * UNIT, min(n * UNIT, p.N - a * UNIT)) for a, n in _chunks(p.n_units, s.n)]
     ks = [(a * UNIT, min(n * UNIT, p.K - a * UNIT)) for a, n in _chunks(p.k_units, s.k)]
     if (len(bs), len(ms), len(ns), len(ks)) != (s.batch, s.m, s.n, s.k):
         return None
-    work, core = [], 0
+    starts = _group_starts(s.cores // s.k, s.k, cfg.num_cores, cfg.memory_ring_stop)
+    work, g = [], 0
     for b in bs:
         for m in ms:
             for n in ns:
-                group = tuple(range(core, core + s.k))
-                for q, k in enumerate(ks):
-                    work.append(_CoreWork(core, b, m, n, k, q, group))
-                    core += 1
+                group = tuple((starts[g] + q) % cfg.num_cores for q in range(s.k))
+                work += [_CoreWork(group[q], b, m, n, k, q, group) for q, k in enumerate(ks)]
+                g += 1
     return work
+
+
+def _group_starts(groups: int, k: int, n: int, mem: int) -> list[int]:
+    """First ring stop of each group of k partners. DRAM traffic leaves the memory stop in both ring
+    directions, one link each way: groups alternate between the two sides of the memory stop, so a
+    kernel on fewer cores than the card has loads both links instead of queueing on one."""
+    starts, up, down = [], mem, mem
+    for g in range(groups):
+        if g % 2 == 0:
+            starts.append(up % n)
+            up += k
+        else:
+            down -= k
+            starts.append(down % n)
+    return starts
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _splits(p: _Problem, cores: int) -> list[Split]:
+def _splits(p: _Problem, cfg: CardConfig) -> list[Split]:
     """Every split whose core count divides the card's cores and that gives each core work."""
     out = []
-    for total in _divisors(cores):
+    for total in _divisors(cfg.num_cores):
         for pb in _divisors(total):
             for pm in _divisors(total // pb):
                 for pn in _divisors(total // pb // pm):
                     pk = total // pb // pm // pn
                     s = Split(pb, pm, pn, pk)
                     if pb <= p.batch and pm <= p.M and pn <= p.n_units and pk <= p.k_units \
-                            and _assign(p, s) is not None:
+                            and _assign(p, s, cfg) is not None:
                         out.append(s)
     return out
 
@@ -533,7 +549,7 @@ def _chunk_rows(t: Tiles, s: Split) -> int:
     """Rows per epilogue chunk: with a K-split, smaller chunks pipeline the partial-sum chain."""
     if s.k == 1:
         return t.mt
-    return max(8, -(-t.mt // (2 * s.k)))
+    return max(64, -(-t.mt // (2 * s.k)))
 
 
 def _buffers(p: _Problem, s: Split, t: Tiles, sh: _Shape) -> list[SpBuffer]:
@@ -624,7 +640,7 @@ class _SplitTraffic:
 
 
 def _split_traffic(p: _Problem, s: Split, cfg: CardConfig) -> _SplitTraffic:
-    work = _assign(p, s)
+    work = _assign(p, s, cfg)
     assert work is not None
     a, other, writes = [], [], []
     for w in work:
@@ -641,7 +657,8 @@ def _split_traffic(p: _Problem, s: Split, cfg: CardConfig) -> _SplitTraffic:
         for l in _ring_path(w.core, mem, n):
             link_other[l] = link_other.get(l, 0) + writes[i]
         if w.partner < s.k - 1:
-            for l in _ring_path(w.core, w.core + 1, n) + _ring_path(w.core + 1, w.core, n):
+            nxt = w.group[w.partner + 1]
+            for l in _ring_path(w.core, nxt, n) + _ring_path(nxt, w.core, n):
                 pairs[l] = pairs.get(l, 0) + 1
     return _SplitTraffic(work, a, other, writes, link_a, link_other, pairs)
 
@@ -703,8 +720,20 @@ def estimate(p: _Problem, s: Split, t: Tiles, cfg: CardConfig, traffic: _SplitTr
         chunk = chunk_rows * sh.nt_el
         drain += (s.k - 1) * (chunk * 4 / link_bw + _vector_cycles(cfg, chunk, 4) / clock)
         drain += max(0, tail - chunk) * 4 / link_bw / 2
-    total = cfg.kernel_fixed_cost_s + fill + max(steady.values()) + drain
-    return Estimate(total, {**steady, "fill": fill, "drain": drain})
+    exposed = _exposed_latency(p, t, sh, cfg, steady["pe"])
+    total = cfg.kernel_fixed_cost_s + fill + max(steady.values()) + drain + exposed
+    return Estimate(total, {**steady, "fill": fill, "drain": drain, "exposed_latency": exposed})
+
+
+def _exposed_latency(p: _Problem, t: Tiles, sh: _Shape, cfg: CardConfig, pe_s: float) -> float:
+    """DMA latency the double buffering cannot hide: a load issued behind a matmul shorter than the
+    DRAM latency leaves the PE arrays waiting for the difference. (The throughput terms above do not
+    see latency; this is what stops the model from preferring tiny tiles whenever PE is not the bound.)"""
+    passes = sh.groups if not p.b_shared else 1
+    matmuls = sh.row_tiles * sh.k_tiles * sh.n_tiles * passes
+    loads = matmuls // sh.n_tiles * (1 if t.a_resident else sh.n_tiles) + sh.k_tiles * sh.n_tiles * passes
+    per_matmul = pe_s / max(1, matmuls)
+    return loads * max(0.0, cfg.dram_latency_s - per_matmul)
 
 
 def _row_pieces(p: _Problem, t: Tiles, w: _CoreWork) -> list[int]:
@@ -749,7 +778,7 @@ def _tile_options(total: int, limit: int = 12) -> list[int]:
 
 
 def _candidate_tiles(p: _Problem, s: Split, cfg: CardConfig) -> Iterable[Tiles]:
-    work = _assign(p, s)
+    work = _assign(p, s, cfg)
     w = work[0]
     nb, nm = w.batches[1], w.rows[1]
     ku, nu = -(-w.kcols[1] // UNIT), -(-w.ncols[1] // UNIT)
@@ -778,20 +807,29 @@ class _Choice:
 
 
 def _best_tiles(p: _Problem, s: Split, cfg: CardConfig) -> _Choice | None:
-    best = None
+    """The cheapest tiles for split ``s`` that fit the scratchpad. Estimates within 1 % of the best count
+    as a tie, settled by the fewest instructions (a smaller program, faster to prepare and simulate)."""
     traffic = _split_traffic(p, s, cfg)
     w = traffic.work[0]
+    scored = []
     for t in _candidate_tiles(p, s, cfg):
-        if not _fits(p, s, t, _core_shape(p, s, t, w), cfg):
-            continue
-        e = estimate(p, s, t, cfg, traffic)
-        if best is None or e.total_s < best.est.total_s:
-            best = _Choice(s, t, e)
-    return best
+        sh = _core_shape(p, s, t, w)
+        if _fits(p, s, t, sh, cfg):
+            scored.append((estimate(p, s, t, cfg, traffic), _instructions(sh), t))
+    if not scored:
+        return None
+    best = min(e.total_s for e, _, _ in scored)
+    e, _, t = min((c for c in scored if c[0].total_s <= 1.01 * best), key=lambda c: (c[1], c[0].total_s))
+    return _Choice(s, t, e)
+
+
+def _instructions(sh: _Shape) -> int:
+    """Matmul and load instructions of the busiest core (the bulk of its program)."""
+    return sh.groups * sh.n_tiles * sh.k_tiles * (2 * sh.row_tiles + 1)
 
 
 def _span_ok(p: _Problem, s: Split, cfg: CardConfig) -> bool:
-    return max(_core_span(p, w) for w in _assign(p, s)) <= cfg.core_address_span_bytes
+    return max(_core_span(p, w) for w in _assign(p, s, cfg)) <= cfg.core_address_span_bytes
 
 
 def _core_span(p: _Problem, w: _CoreWork) -> int:
@@ -812,7 +850,7 @@ def rank_plans(spec: MatmulSpec, config: CardConfig, top: int | None = None) -> 
     """Every feasible split with its best tiles, cheapest estimate first."""
     p = _check(spec)
     choices, over_span = [], 0
-    for s in _splits(p, config.num_cores):
+    for s in _splits(p, config):
         if not _span_ok(p, s, config):
             over_span += 1
             continue
@@ -1055,13 +1093,14 @@ class _Slots:
     """Receive slots for partial sums, per (sender, receiver) pair, used round-robin. A reused slot needs a
     credit: the receiver signals after adding it, the sender waits for that before overwriting it."""
 
-    def __init__(self, offsets: dict[str, int], uses: dict[tuple[int, int], int], count: int, nbytes: int):
-        self.off, self.uses, self.count, self.nbytes = offsets, uses, count, nbytes
+    def __init__(self, offsets: dict[str, int], uses: dict[tuple[int, int], int], count: int, nbytes: int,
+                 cores: int):
+        self.off, self.uses, self.count, self.nbytes, self.cores = offsets, uses, count, nbytes, cores
         self.sent: dict[tuple[int, int], int] = {}
         self.recv: dict[tuple[int, int], int] = {}
 
     def _offset(self, src: int, dst: int, n: int) -> int:
-        return self.off[f"recv{0 if dst > src else 1}"] + (n % self.count) * self.nbytes
+        return self.off[f"recv{0 if (dst - src) % self.cores == 1 else 1}"] + (n % self.count) * self.nbytes
 
     def next_send(self, src: int, dst: int) -> _Slot:
         n = self.sent.get((src, dst), 0)
@@ -1096,14 +1135,14 @@ def _count_chain_uses(p: _Problem, s: Split, t: Tiles, work: list[_CoreWork], of
 def generate(spec: MatmulSpec, split: Split, tiles: Tiles, config: CardConfig) -> Program:
     """The program for one plan (used for the chosen plan and, in tests and benchmarks, alternatives)."""
     p = _check(spec)
-    work = _assign(p, split)
+    work = _assign(p, split, config)
     if work is None:
         raise MatmulSpecError(f"{p.describe()}: split {split} leaves cores without work")
     sh = _core_shape(p, split, tiles, work[0])
     sp_plan = plan(_buffers(p, split, tiles, sh), config.scratchpad_plannable_bytes)
     offsets = {b.name: b.offset for b in sp_plan.buffers}
     uses = _count_chain_uses(p, split, tiles, work, offsets, config) if split.k > 1 else {}
-    slots = _Slots(offsets, uses, sh.recv_slots, sh.chunk_rows * sh.nt_el * 4)
+    slots = _Slots(offsets, uses, sh.recv_slots, sh.chunk_rows * sh.nt_el * 4, config.num_cores)
     cores = {}
     for w in work:
         em = _Emitter(p, split, tiles, w, offsets, config)
@@ -1196,7 +1235,7 @@ def _decisions(spec: MatmulSpec, cfg: CardConfig, ranked: list[_Choice]) -> Kern
     p = _check(spec)
     best = ranked[0]
     s, t = best.split, best.tiles
-    work = _assign(p, s)
+    work = _assign(p, s, cfg)
     sh = _core_shape(p, s, t, work[0])
     sp_plan = plan(_buffers(p, s, t, sh), cfg.scratchpad_plannable_bytes)
     d = KernelDecisions(spec.name, "matmul", list(spec.source_ops))
