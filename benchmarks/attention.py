@@ -54,6 +54,8 @@ ATTENTION_CASES: dict[str, Callable[[], AttentionSpec]] = {
     "MiniLM B=32, q/k/v views of fused qkv": lambda: minilm_fused_qkv(32),
     "Llama H=32 Hkv=8 L=1024 D=64 causal": lambda: llama(True),
     "Llama H=32 Hkv=8 L=1024 D=64 full": lambda: llama(False),
+    "Llama decode: 1 query, 4096 keys, B=1": lambda: AttentionSpec.build(1, 32, 1, 64, kv_heads=8, seq_k=4096,
+                                                                        name="llama_decode"),
 }
 
 GATHER_CASES: dict[str, Callable[[], GatherSpec]] = {

@@ -49,6 +49,7 @@ from torch_spyre.compiler.codegen_gather import (
     CodegenError,
     TensorArg,
     check_owns_sticks,
+    core_ids,
     device_dtype_of,
     dma_tile,
     dram_runs,
@@ -686,7 +687,8 @@ def build_attention(spec: AttentionSpec, config: CardConfig) -> tuple[Program, K
 
     cores: dict[int, list[Instruction]] = {}
     totals = {"blocks": 0, "causal_bias_blocks": 0, "skipped_blocks": 0}
-    for core, idxs in enumerate(per_core):
+    used = [idxs for idxs in per_core if idxs]
+    for core, idxs in zip(core_ids(len(used), config), used):
         if idxs:
             em = _CoreEmitter(spec, dims, tiling, mask, buf)
             cores[core] = em.run([items[i] for i in idxs])

@@ -235,6 +235,19 @@ def check_owns_sticks(arg: TensorArg, lane0: int, ncols: int, role: str) -> None
             "layout and copy (relayout) into this view")
 
 
+def core_ids(n: int, config: CardConfig) -> list[int]:
+    """Physical cores for ``n`` work lists: from the memory interface's ring stop outwards, alternating
+    sides, so DRAM traffic (which rides the ring to each core) splits over both directions of the ring
+    instead of queueing on the links on one side when fewer than all cores are used."""
+    m, total = config.memory_ring_stop, config.num_cores
+    out: list[int] = []
+    for k in range(total):
+        for c in ((m + k) % total, (m - k) % total):
+            if c not in out and len(out) < n:
+                out.append(c)
+    return out
+
+
 def sp_bytes(dtype_bytes: int, *shape: int) -> int:
     """Scratchpad bytes of a row-major tile, rounded up to whole sticks."""
     return -(-math.prod(shape) * dtype_bytes // STICK_BYTES) * STICK_BYTES
@@ -574,8 +587,9 @@ def build_gather(spec: GatherSpec, config: CardConfig) -> tuple[Program, KernelD
     except ScratchpadOverflowError as e:
         raise CodegenError(f"{spec.kind} {spec.name}: a chunk of {largest.size} indices does not fit: {e}") from None
     buf = {b.name: b.offset for b in sp_plan.buffers}
+    per_core = [cs for cs in per_core if cs]
     cores = {core: [i for n, c in enumerate(cs) for i in _emit_chunk(p, rows, c, buf, n % 2)]
-             for core, cs in enumerate(per_core) if cs}
+             for core, cs in zip(core_ids(len(per_core), config), per_core)}
     decisions = _gather_decisions(spec, p, rows, per_core, per_chunk, sp_plan)
     decisions.tiling["chunking"] = plan_name
     decisions.alternatives.insert(0, {"option": "chunking by output DRAM bursts per index", **plan_scores,
