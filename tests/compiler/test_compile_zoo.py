@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spyre_compile_helpers import check
+from .spyre_compile_helpers import check
 
 torch.manual_seed(0)
 
@@ -85,3 +85,50 @@ def test_rms_norm():
 def test_gelu_silu():
     check(lambda a: F.gelu(a) + F.silu(a), rnd(64, 128))
     check(lambda a: F.gelu(a, approximate="tanh"), rnd(64, 128))
+
+
+def test_causal_masked_softmax():
+    def f(a):
+        n = a.shape[-1]
+        mask = torch.ones(n, n, dtype=torch.bool, device=a.device).triu(1)
+        return torch.softmax(a.masked_fill(mask, torch.finfo(a.dtype).min), -1)
+
+    check(f, rnd(64, 64, dtype=torch.float32))
+    check(f, rnd(64, 64))
+
+
+def test_large_pointwise_is_tiled_over_cores():
+    check(lambda a, b: a * b + 1, rnd(512, 1024), rnd(512, 1024))
+
+
+def test_long_rows_reduce_in_chunks():
+    # 300k fp32 per row does not fit a scratchpad: the reduction runs in chunks with accumulation,
+    # and softmax re-reads the row in a second and third pass.
+    check(lambda a: a.sum(-1), rnd(4, 300_000, dtype=torch.float32), tol=dict(atol=0.1, rtol=1e-3))
+    check(lambda a: torch.softmax(a, -1), rnd(2, 200_000), tol=dict(atol=1e-3, rtol=3e-2))
+
+
+def test_full_reduction_to_scalar():
+    check(lambda a: a.sum() * 2, rnd(100, 100, dtype=torch.float32), tol=dict(atol=1e-2, rtol=1e-3))
+
+
+def test_integer_and_bool_ops():
+    check(lambda a, b: a + b * 3, torch.randint(0, 100, (64, 64)), torch.randint(0, 100, (64, 64)))
+    check(lambda a: (a > 0) & (a < 1), rnd(64, 128, dtype=torch.float32))
+
+
+def test_where_relu_compare():
+    check(lambda a, b: torch.where(a > b, a.relu(), b * 0.5), rnd(64, 64), rnd(64, 64))
+
+
+def test_input_with_non_default_stick_dim_and_offset():
+    import torch_spyre
+
+    from .spyre_compile_helpers import fresh
+
+    fresh()
+    x = torch.randn(96, 160)
+    xs = torch_spyre.to_spyre(x.half(), stick_dim=0)  # sticks along rows
+    view = xs[7:90, 3:150]  # a view with a storage offset
+    got = torch.compile(lambda a: a * 2 + 1)(view).cpu().float()
+    torch.testing.assert_close(got, x.half().float()[7:90, 3:150] * 2 + 1, atol=3e-2, rtol=2e-2)

@@ -242,40 +242,78 @@ def line_affine(p: np.ndarray, axis: int) -> bool:
     return bool(np.all(d == d.flat[0]))
 
 
-def refine_shape(shape: tuple[int, ...], splits: dict[int, int]) -> tuple[tuple[int, ...], list[list[int]]]:
-    """Split dims: ``splits[d] = f`` turns size n into (n // f, f). Returns the new shape and, per old
-    dim, its new axes."""
+def refine_shape(shape: tuple[int, ...], splits: dict[int, Any]) -> tuple[tuple[int, ...], list[list[int]]]:
+    """Split dims in mixed radix: ``splits[d] = [f1, f2, ...]`` (or one int) turns size n into
+    (n // (f1*f2*...), ..., f2, f1) - f1 innermost. Returns the new shape and, per old dim, its new axes
+    (outermost first)."""
     new, axes = [], []
     for d, n in enumerate(shape):
-        f = splits.get(d)
-        if f:
-            axes.append([len(new), len(new) + 1])
-            new.extend([n // f, f])
-        else:
-            axes.append([len(new)])
-            new.append(n)
+        fs = _factors(splits.get(d))
+        parts = []
+        rest = n
+        for f in fs:
+            parts.append(f)
+            rest //= f
+        parts.append(rest)
+        parts.reverse()
+        axes.append(list(range(len(new), len(new) + len(parts))))
+        new.extend(parts)
     return tuple(new), axes
 
 
-def choose_splits(arrays: list[np.ndarray], factors: list[int]) -> dict[int, int]:
-    """Per dim, a factor that makes every array line-affine along both halves (dims already
-    line-affine are left alone)."""
+def _factors(f: Any) -> list[int]:
+    if not f:
+        return []
+    return [int(f)] if isinstance(f, (int, np.integer)) else [int(x) for x in f]
+
+
+def _divisors_desc(n: int, at_most: int) -> list[int]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    divs = set(small) | {n // d for d in small}
+    return sorted((d for d in divs if 1 < d < n and d <= at_most), reverse=True)
+
+
+def _affine_run(a: np.ndarray, axis: int) -> int:
+    """How many elements from the start of ``axis`` move by the first step (on every line)."""
+    n = a.shape[axis]
+    if n <= 2:
+        return n
+    d = np.diff(a, axis=axis)
+    first = np.take(d, [0], axis=axis)
+    bad = np.any(d != first, axis=tuple(k for k in range(d.ndim) if k != axis))
+    pos = np.flatnonzero(bad)
+    return int(pos[0]) + 1 if pos.size else n
+
+
+def choose_splits(arrays: list[np.ndarray], factors: list[int] | None = None) -> dict[int, list[int]]:
+    """Per dim, mixed-radix factors (innermost first) after which every array moves by a constant step
+    along each new axis: a dim that crosses stick boundaries becomes (..., sticks, lanes)."""
     if not arrays:
         return {}
     shape = arrays[0].shape
-    splits: dict[int, int] = {}
+    splits: dict[int, list[int]] = {}
     for d in reversed(range(len(shape))):
-        if all(line_affine(a, d) for a in arrays):
-            continue
-        for f in sorted(set(factors), reverse=True):
-            n = shape[d]
-            if n % f or n <= f:
-                continue
-            new_shape, _ = refine_shape(shape, {d: f})
-            refined = [a.reshape(new_shape) for a in arrays]
-            if all(line_affine(r, d) and line_affine(r, d + 1) for r in refined):
-                splits[d] = f
+        fs: list[int] = []
+        while True:
+            cur_shape, axes = refine_shape(shape, {**splits, d: fs})
+            outer_axis = axes[d][0]
+            refined = [a.reshape(cur_shape) for a in arrays]
+            if all(line_affine(r, outer_axis) for r in refined):
                 break
+            n = cur_shape[outer_axis]
+            found = None
+            run = min(_affine_run(r, outer_axis) for r in refined)
+            for f in _divisors_desc(n, run):
+                trial_shape, t_axes = refine_shape(shape, {**splits, d: fs + [f]})
+                inner = t_axes[d][1]
+                if all(line_affine(a.reshape(trial_shape), inner) for a in arrays):
+                    found = f
+                    break
+            if found is None:
+                break
+            fs.append(found)
+        if fs:
+            splits[d] = fs
     return splits
 
 

@@ -98,7 +98,13 @@ class Value:
 
     @property
     def sp_dtype(self) -> str:
-        return compute_dtype(self.dtype)
+        """Scratchpad dtype of the value. 16-bit float values are kept in fp32 between ops (the vector
+        unit computes in fp32; Inductor's GPU backends upcast the same way); only an explicit
+        ``to_dtype`` rounds to DLFloat16 (which has no infinities: -inf becomes its NaN code)."""
+        dt = compute_dtype(self.dtype)
+        if dt == "dlfloat16" and self.op != "to_dtype":
+            return "float32"
+        return dt
 
 
 def compute_dtype(name: str | None) -> str:
@@ -371,7 +377,7 @@ class AccessInTile:
 class Box:
     origin: tuple[int, ...]  # relative to the tile
     shape: tuple[int, ...]
-    splits: dict[int, int]
+    splits: dict[int, list[int]]  # mixed-radix factors per dim (innermost first)
     views: dict[int, tuple[int, tuple[int, ...]]]  # access gid -> (base position, strides) in refined dims
     statics: dict[int, Any]  # static value gid -> its (uniform) value in this box
 
@@ -584,7 +590,7 @@ class KernelGen:
         for a in accs:
             if a.valid is not None and a.valid[sl].any() and not a.valid[sl].all():
                 return None
-        splits = access.choose_splits(list(arrays.values()), self.factors)
+        splits = access.choose_splits(list(arrays.values()))
         refined, _ = access.refine_shape(shp, splits)
         views = {}
         for g, arr in arrays.items():
@@ -743,11 +749,10 @@ def _dense(buf: str, dt: str, tile_shape: tuple[int, ...], box: Box, bcast: Iter
     shape, axes = box.refined
     out = [0] * len(shape)
     for d, ax in enumerate(axes):
-        if len(ax) == 2:
-            f = box.splits[d]
-            out[ax[0]], out[ax[1]] = strides[d] * f, strides[d]
-        else:
-            out[ax[0]] = strides[d]
+        step = strides[d]
+        for a in reversed(ax):  # innermost part first: mixed radix
+            out[a] = step
+            step *= shape[a]
     return Sym(buf, rel, dt, shape, tuple(out))
 
 
@@ -899,25 +904,29 @@ class PointwiseGenerator(KernelGen):
 
     # --- emission -----------------------------------------------------------------------------------
     def _emit_core(self, steps: list[Step]) -> list[SymInstr]:
+        """Loads of the next DMA group are issued before the current step computes (two buffers per
+        input, alternating): never more than one group ahead, so a buffer is reloaded only after the
+        step that read it."""
         out: list[SymInstr] = []
         self._pos = 0
         self._tile = None
-        loaded: set[int] = set()
         owners = [s for s in steps if s.load_from is s and s.loads]  # type: ignore[attr-defined]
-        next_owner = 0
+        index = {id(o): i for i, o in enumerate(owners)}
+        loaded: set[int] = set()
+        current = -1
         for s in steps:
             if s.chunk.tile != self._tile:
                 self._tile, self._pos = s.chunk.tile, 0
             owner = s.load_from  # type: ignore[attr-defined]
-            if owner.loads and id(owner) not in loaded:
-                self._emit_loads(owner, out)
-                loaded.add(id(owner))
-            # prefetch the next group while this step computes
-            while next_owner < len(owners) and id(owners[next_owner]) in loaded:
-                next_owner += 1
-            if next_owner < len(owners):
-                self._emit_loads(owners[next_owner], out)
-                loaded.add(id(owners[next_owner]))
+            if id(owner) in index:
+                current = index[id(owner)]
+                if current not in loaded:
+                    self._emit_loads(owner, out)
+                    loaded.add(current)
+            nxt = current + 1
+            if nxt < len(owners) and nxt not in loaded:
+                self._emit_loads(owners[nxt], out)
+                loaded.add(nxt)
             self._emit_step(s, out)
         return out
 
@@ -1063,10 +1072,11 @@ class PointwiseGenerator(KernelGen):
         for box in bxs:
             src = self.view(v.args[0], s, box)
             shape, axes = box.refined
-            if isinstance(src, Scalar):
-                raise LoweringError(f"kernel {self.spec.name}: reduction of a constant is not supported")
             acc = _dense(f"v{v.gid}", dt, tuple(ch.xs) + (1,) * nr, box, range(nx, nx + nr))
             r_axes = [ax for d in range(nx, nx + nr) for ax in axes[d]]
+            if isinstance(src, Scalar):  # a constant over this box (e.g. a masked-out region)
+                self._reduce_constant(v, src, box, acc, r_axes, out)
+                continue
             r_axes = [a for a in r_axes if shape[a] > 1] or r_axes[-1:]
             cur = src
             cur_shape = list(shape)
@@ -1082,6 +1092,22 @@ class PointwiseGenerator(KernelGen):
                     tmp = Sym(f"t{v.gid}.{k % 2}", 0, dt, tuple(cur_shape), _row_major(cur_shape))
                     self._add(out, Reduce, op=v.attrs["reduction"], out=tmp, inp=cur, axis=ax, accumulate=False)
                     cur = tmp
+
+    def _reduce_constant(self, v: Value, c: Scalar, box: Box, acc: Sym, r_axes: list[int], out: list[SymInstr]) -> None:
+        """Fold a constant over the box's reduced elements into the accumulator, in place."""
+        shape, _ = box.refined
+        n = math.prod(shape[a] for a in r_axes)
+        acc_shape = tuple(1 if a in r_axes else shape[a] for a in range(len(shape)))
+        view = Sym(acc.buf, acc.rel, acc.dtype, acc_shape,
+                   tuple(0 if acc_shape[i] == 1 else acc.strides[i] for i in range(len(acc_shape))))
+        kind = v.attrs["reduction"]
+        if kind == "sum":
+            op, value = "add", c.value * n
+        elif kind == "prod":
+            op, value = "mul", float(np.float32(c.value) ** np.float32(n))
+        else:
+            op, value = ("maximum" if kind == "max" else "minimum"), c.value
+        self._add(out, Elementwise, op=op, out=view, inputs=(view, Scalar(value)))
 
     # --- stores --------------------------------------------------------------------------------------
     def _prepare_store(self, g: int, ch: Chunk, out: list[SymInstr]) -> None:
