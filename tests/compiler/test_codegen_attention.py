@@ -141,6 +141,23 @@ def test_rows_masked_by_finite_minimum_average_v_like_torch(card, config):
     torch.testing.assert_close(out["out"], _reference(spec, inp), **F32_TOL)
 
 
+def test_mask_view_starting_mid_stick(card, config):
+    """A padding mask that is a slice [100:250] of a wider bool buffer: key blocks start at lane 100 of
+    the mask's 128-lane sticks and span two sticks."""
+    base = AttentionSpec.build(2, 2, 30, 64, seq_k=150, block_k=64)
+    lay = StickLayout((2, 1, 1, 300), -1, "bool")
+    mask = TensorArg("mask", lay, (2, 1, 1, 150), (300, 300, 300, 1), 100)
+    spec = AttentionSpec(base.query, base.key, base.value, base.out, mask, block_k=64)
+    program, _ = build_attention(spec, config)
+    inp = _inputs(base)
+    full = torch.rand(2, 1, 1, 300, generator=torch.Generator().manual_seed(7)) > 0.4
+    inp["mask"] = full
+    out, _ = run_on_card(card, program, inp)
+    ref = F.scaled_dot_product_attention(inp["q"].float(), inp["k"].float(), inp["v"].float(),
+                                         attn_mask=full[..., 100:250])
+    torch.testing.assert_close(out["out"], ref, **DL_TOL)
+
+
 def test_fused_qkv_views(card, config):
     """MiniLM-style: q, k, v are views [B, H, L, 32] of one projection [B, L, 3 * H * 32]; heads start at
     lane 0 or 32 of a stick, so they are read in place (no relayout) but never stacked in one tile."""

@@ -396,8 +396,6 @@ def _row_widths(spec: AttentionSpec, dims: _Dims, mask: TensorArg | None) -> dic
          "k": _row_lanes(spec.key, dims.D, _lane_table(spec.key, dims.B, dims.Hkv, dims.D)),
          "v": _row_lanes(spec.value, dims.Dv, _lane_table(spec.value, dims.B, dims.Hkv, dims.Dv)),
          "o": _ceil_to(dims.Dv, spec.out.lanes)}
-    if mask is not None:
-        w["mask"] = _row_lanes(mask, 0)  # plus the block's columns, added per tiling
     return w
 
 
@@ -421,7 +419,8 @@ def _buffers(dims: _Dims, t: Tiling, mask: TensorArg | None, causal: bool, w: di
               SpBuffer(f"mcur{p}", sp_bytes(4, M)), SpBuffer(f"lcur{p}", sp_bytes(4, M))]
         if mask is not None:
             mb, mh, mq = _mask_tile_dims(mask, t)
-            b.append(SpBuffer(f"mask{p}", sp_bytes(mask.layout.itemsize, mb, mh, mq, w["mask"] + Bc)))
+            # A block's key columns may start at any lane of the mask's sticks.
+            b.append(SpBuffer(f"mask{p}", sp_bytes(mask.layout.itemsize, mb, mh, mq, _row_lanes(mask, Bc))))
     if causal:
         b.append(SpBuffer("causal", sp_bytes(4, 2 * (t.block_q + Bc))))
     return b
