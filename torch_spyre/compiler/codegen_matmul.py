@@ -1215,17 +1215,24 @@ def build_matmul(spec: MatmulSpec, config: CardConfig) -> tuple[Program, KernelD
 
 
 def naive_split(spec: MatmulSpec, config: CardConfig) -> Split:
-    """IBM's default division, for comparison: output dims only (batch, then M), no K-split."""
+    """The naive division, for comparison: output rows only (batch, then M), as many cores as give every
+    core work, no N split and no K-split."""
     p = _check(spec)
-    pb = max(d for d in _divisors(config.num_cores) if d <= p.batch)
-    rest = config.num_cores // pb
-    pm = max(d for d in _divisors(rest) if d <= p.M)
-    return Split(pb, pm, 1, 1)
+    best = Split(1, 1, 1, 1)
+    for pb in _divisors(config.num_cores):
+        for pm in _divisors(config.num_cores // pb):
+            s = Split(pb, pm, 1, 1)
+            if s.cores > best.cores and pb <= p.batch and pm <= p.M and _assign(p, s, config) is not None:
+                best = s
+    return best
 
 
 def plan_for_split(spec: MatmulSpec, split: Split, config: CardConfig) -> _Choice:
     """The best tiles for a given split (for comparing alternatives)."""
-    c = _best_tiles(_check(spec), split, config)
+    p = _check(spec)
+    if _assign(p, split, config) is None:
+        raise MatmulSpecError(f"{p.describe()}: split {split} leaves cores without work")
+    c = _best_tiles(p, split, config)
     if c is None:
         raise MatmulSpecError(f"no tiles fit the scratchpad for split {split}")
     return c
