@@ -19,6 +19,7 @@ from torch_spyre.compiler.codegen_matmul import (
     MatmulSpec,
     MatmulSpecError,
     Split,
+    Tiles,
     TensorView,
     addmm_spec,
     baddbmm_spec,
@@ -297,3 +298,64 @@ def test_output_view_ending_inside_a_shared_stick():
 def test_output_sticked_the_wrong_way():
     with pytest.raises(MatmulSpecError, match="must be sticked on N"):
         build_matmul(mm_spec(buf("a", (64, 64)), buf("b", (64, 64)), buf("c", (64, 64), stick=0)), CFG)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans the model did not pick are correct too (every code path: partial tiles, A streamed or
+# resident, batches folded into rows, transposed loads, both K-split networks, epilogue variants)
+# ---------------------------------------------------------------------------------------------
+def _mm_case(M, K, N, out_dtype=DL):
+    return (mm_spec(buf("a", (M, K)), buf("b", (K, N)), buf("c", (M, N), dtype=out_dtype)),
+            lambda d: d["a"] @ d["b"], {"a": (M, K), "b": (K, N)})
+
+
+def _linear3d_case(B, S, K, N):
+    return (linear_spec(buf("x", (B, S, K)), buf("w", (N, K)), buf("y", (B, S, N)), buf("bias", (N,))),
+            lambda d: torch.nn.functional.linear(d["x"], d["w"], d["bias"]), {"x": (B, S, K), "w": (N, K), "bias": (N,)})
+
+
+def _bmm_case(B, M, K, N):
+    return (bmm_spec(buf("a", (B, M, K)), buf("b", (B, K, N)), buf("c", (B, M, N))),
+            lambda d: d["a"] @ d["b"], {"a": (B, M, K), "b": (B, K, N)})
+
+
+def _at_case(M, K, N):
+    return (mm_spec(buf("xt", (K, M)).transposed(), buf("b", (K, N)), buf("c", (M, N))),
+            lambda d: d["xt"].T @ d["b"], {"xt": (K, M), "b": (K, N)})
+
+
+def _addmm_case(M, K, N):
+    return (addmm_spec(buf("bias", (M, N)), buf("a", (M, K)), buf("b", (K, N)), buf("c", (M, N), dtype=F32),
+                       beta=-0.5, alpha=1.5),
+            lambda d: -0.5 * d["bias"] + 1.5 * (d["a"] @ d["b"]), {"bias": (M, N), "a": (M, K), "b": (K, N)})
+
+
+def _baddbmm_case(B, M, K, N):
+    bias = TensorView.whole("bias", StickLayout((B, 1, N), 2, F32))
+    return (baddbmm_spec(bias, buf("a", (B, M, K)), buf("b", (B, K, N)), buf("c", (B, M, N))),
+            lambda d: d["bias"] + d["a"] @ d["b"], {"bias": (B, 1, N), "a": (B, M, K), "b": (B, K, N)})
+
+
+FORCED = [
+    ("partial tiles, A streamed", _mm_case(200, 1000, 300), Split(1, 2, 2, 2), Tiles(1, 37, 2, 3, False, "reduce")),
+    ("partial tiles, A resident, data ring", _mm_case(200, 1000, 300), Split(1, 2, 2, 2), Tiles(1, 37, 2, 3, True, "data")),
+    ("fp32 out, 4-way K-split", _mm_case(50, 600, 200, F32), Split(1, 1, 2, 4), Tiles(1, 50, 1, 1, False, "data")),
+    ("batches folded into rows", _linear3d_case(3, 40, 96, 130), Split(1, 1, 1, 1), Tiles(2, 40, 1, 1, False)),
+    ("batch split and K-split", _bmm_case(3, 65, 130, 70), Split(3, 1, 1, 2), Tiles(1, 32, 1, 1, True, "reduce")),
+    ("transposed A, K-split", _at_case(130, 200, 64), Split(1, 2, 1, 2), Tiles(1, 64, 1, 1, False, "data")),
+    ("addmm M x N bias, fp32 out", _addmm_case(70, 300, 90), Split(1, 2, 2, 2), Tiles(1, 20, 1, 1, True, "reduce")),
+    ("baddbmm fp32 bias per batch", _baddbmm_case(2, 40, 96, 130), Split(2, 2, 1, 1), Tiles(1, 8, 1, 1, False)),
+]
+
+
+@pytest.mark.parametrize("case,split,tiles", [f[1:] for f in FORCED], ids=[f[0] for f in FORCED])
+def test_forced_plans_match_torch(card, case, split, tiles):
+    spec, reference, shapes = case
+    prog = generate(spec, split, tiles, CFG)
+    validate(prog, CFG)
+    g = torch.Generator().manual_seed(split.cores)
+    inputs = {name: randn(g, *shape, scale=0.2) for name, shape in shapes.items()}
+    outs, _ = run_on_card(card, prog, inputs)
+    held = {op.name: dl(inputs[op.name]) if op.device_dtype == DL else inputs[op.name].float()
+            for op in prog.operands if op.name in inputs}  # what the card holds
+    assert_matches(outs[spec.out.name], reference(held), spec.out.layout.device_dtype)
