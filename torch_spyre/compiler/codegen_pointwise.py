@@ -47,16 +47,12 @@ from ..program import (
 from . import access
 from .access import TensorPlace
 from .decisions import BufferDecision, KernelDecisions
-from .kernel_ir import KernelSpec, LoweringError
+from .kernel_ir import KernelSpec, LoweringError, UnsupportedDtypeError, check_computable
 from .scratchpad import ScratchpadOverflowError, SpBuffer, plan
 
 
 class AddressSpanError(ValueError):
     """A core would address more device memory than ``core_address_span_bytes`` allows."""
-
-
-class UnsupportedDtypeError(TypeError):
-    """A dtype the card cannot compute in."""
 
 
 # Inductor dtype name -> scratchpad dtype of computed values.
@@ -110,11 +106,7 @@ class Value:
 def compute_dtype(name: str | None) -> str:
     if name is None:
         return "float32"
-    if name == "float64":
-        raise UnsupportedDtypeError(
-            "the Spyre card cannot compute in float64 (its vector unit computes in fp32); "
-            "convert the model/inputs to float32 or float16 first"
-        )
+    check_computable(name, "the kernel")
     try:
         return COMPUTE_DTYPES[name]
     except KeyError:
@@ -782,7 +774,11 @@ class PointwiseGenerator(KernelGen):
                 last = err
                 tried[-1]["result"] = f"needs {err.needed} B > {err.capacity} B"
             if not _shrink(tx, lanes) and not _shrink(tr, lanes):
-                raise ScratchpadOverflowError(last.needed, last.capacity, last.live, last.step) from None
+                err = ScratchpadOverflowError(last.needed, last.capacity, last.live, last.step)
+                err.add_note(f"kernel {spec.name}: even the smallest tile (x {tx}, reduction chunk {tr}) does "
+                             f"not fit the {last.capacity} plannable scratchpad bytes "
+                             "(config.scratchpad_plannable_bytes)")
+                raise err from None
         program = Program(spec.name, self._operands(), {c: [si.place(base) for si in ins] for c, ins in cores.items()})
         self._check_span(program)
         self._record(cboxes, tx, tr, persistent, sp_plan, tried, program)

@@ -36,9 +36,28 @@ class DynamicShapeError(LoweringError):
     pass
 
 
+class UnsupportedDtypeError(LoweringError, TypeError):
+    """A dtype the card cannot compute in."""
+
+
+# What the card's vector unit computes in (16-bit floats are DLFloat16 in memory, fp32 in the unit).
+COMPUTABLE = {"float16", "bfloat16", "float32", "int64", "int32", "int16", "int8", "uint8", "bool"}
+
+
+def check_computable(dtype: str | None, where: str) -> None:
+    if dtype is not None and dtype not in COMPUTABLE:
+        hint = ("convert to float32 (or float16) first" if dtype == "float64"
+                else "use float16, bfloat16, float32 or an integer type")
+        raise UnsupportedDtypeError(
+            f"{where} computes in {dtype}, which the Spyre card cannot compute in (its vector unit "
+            f"computes in fp32); {hint}"
+        )
+
+
 # torch dtype <-> the names used in specs
 _DTYPE_NAMES = {
     torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64",
+    torch.complex64: "complex64", torch.complex128: "complex128",
     torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8",
     torch.uint8: "uint8", torch.bool: "bool",
 }
@@ -191,6 +210,7 @@ class RecordingHandler:
                 raise LoweringError(f"op {op} got an argument of type {type(a).__name__} ({a!r}) the Spyre "
                                     "compiler cannot represent")
         d = dtype_name(dtype) if isinstance(dtype, torch.dtype) else dtype
+        check_computable(d, f"op {op}")
         o = Op(self._next, op, norm, d, attrs)
         self._next += 1
         self.ops.append(o)

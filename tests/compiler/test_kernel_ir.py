@@ -1,0 +1,82 @@
+"""kernel_ir.py: Inductor scheduler nodes -> KernelSpec (ops, indices, placements, provenance)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_spyre.compiler import wrapper
+from torch_spyre.compiler.kernel_ir import DynamicShapeError, KernelSpec, RecordingHandler, check_computable
+
+from .spyre_compile_helpers import fresh
+
+
+def specs_of(fn, *args, dynamic=False):
+    """Compile ``fn`` on spyre and capture the KernelSpecs the wrapper defined."""
+    seen: list[KernelSpec] = []
+    orig = wrapper.SpyreKernel.__init__
+
+    def spy(self, spec):
+        seen.append(spec)
+        orig(self, spec)
+
+    fresh()
+    wrapper.SpyreKernel.__init__ = spy
+    try:
+        torch.compile(fn, dynamic=dynamic)(*[a.to("spyre") for a in args])
+    finally:
+        wrapper.SpyreKernel.__init__ = orig
+    return seen
+
+
+def test_pointwise_spec_has_loads_stores_and_provenance():
+    (spec,) = specs_of(lambda a, b: torch.relu(a + b), torch.randn(16, 32), torch.randn(16, 32))
+    ops = [o.op for n in spec.nodes for o in n.ops]
+    assert ops.count("load") == 2 and "store" in ops and "relu" in ops
+    assert spec.kind == "pointwise" and spec.r_sizes == []
+    assert any("aten.add" in s for s in spec.source_ops) and any("relu" in s for s in spec.source_ops)
+    assert any("test_kernel_ir.py" in line for line in spec.source_lines)
+    assert {b.role for b in spec.buffers} == {"input", "output"}
+    # JSON round trip
+    again = KernelSpec.from_json(spec.to_json())
+    assert again.describe() == spec.describe()
+
+
+def test_softmax_is_one_fused_reduction_kernel():
+    specs = specs_of(lambda a: torch.softmax(a, -1), torch.randn(8, 64))
+    assert len(specs) == 1
+    spec = specs[0]
+    assert spec.kind == "reduction" and spec.r_sizes == [64]
+    reductions = [o.attrs["reduction"] for n in spec.nodes for o in n.ops if o.op == "reduction"]
+    assert reductions == ["max", "sum"]
+
+
+def test_welford_becomes_mean_and_centred_sum():
+    (spec,) = specs_of(lambda a: torch.var_mean(a, -1), torch.randn(8, 64))
+    reductions = [o.attrs["reduction"] for n in spec.nodes for o in n.ops if o.op == "reduction"]
+    assert reductions.count("sum") >= 2
+
+
+def test_masked_loads_carry_their_guards():
+    (spec,) = specs_of(lambda a, b: torch.cat([a, b]), torch.randn(4, 8), torch.randn(3, 8))
+    guarded = [o for n in spec.nodes for o in n.ops if o.op == "load" and o.attrs.get("guards")]
+    assert len(guarded) == 2
+
+
+def test_dynamic_shapes_say_what_to_do():
+    with pytest.raises(Exception, match="dynamic=False"):
+        specs_of(lambda a: a * 2, torch.randn(8, 16), dynamic=True)
+
+
+def test_dtype_check():
+    check_computable("float16", "x")
+    with pytest.raises(TypeError, match="float64"):
+        check_computable("float64", "op add")
+
+
+def test_recording_handler_refuses_indirect_indexing():
+    h = RecordingHandler(set())
+    with pytest.raises(NotImplementedError, match="indirect"):
+        h.indirect_indexing(None, 10)
+    assert DynamicShapeError.__mro__[1].__name__ == "LoweringError"
