@@ -93,7 +93,8 @@ def _row(name: str, program: Any, decisions: Any, build_s: float, config: Any, e
     t = time_program(program, config)
     til = decisions.tiling
     if decisions.kind == "attention":
-        tiling = f"q{til['block_q']} k{til['block_k']} h{til['heads_per_tile']} b{til['batches_per_tile']}"
+        tiling = (f"q{til['block_q']} k{til['block_k']} h{til['heads_per_tile']} b{til['batches_per_tile']}"
+                  + (f" lanes{til['lane_heads']}" if til["lane_heads"] > 1 else ""))
     else:
         tiling = f"{til['positions_per_chunk']} idx x {til['gathers_per_chunk']} gathers"
     return {

@@ -158,22 +158,47 @@ def test_mask_view_starting_mid_stick(card, config):
     torch.testing.assert_close(out["out"], ref, **DL_TOL)
 
 
-def test_fused_qkv_views(card, config):
-    """MiniLM-style: q, k, v are views [B, H, L, 32] of one projection [B, L, 3 * H * 32]; heads start at
-    lane 0 or 32 of a stick, so they are read in place (no relayout) but never stacked in one tile."""
-    B, L, H, D = 2, 50, 4, 32
+def _fused_qkv(B: int, L: int, H: int, D: int, **kw) -> AttentionSpec:
+    """q, k, v as views [B, H, L, D] of one projection [B, L, 3 * H * D] (what view + transpose of a fused
+    qkv linear gives): heads of 32 sit two to a stick, at lanes 0 and 32."""
     lay = StickLayout((B, L, 3 * H * D), 2, "dlfloat16")
     strides = (L * 3 * H * D, D, 3 * H * D, 1)
     q, k, v = (TensorArg("qkv", lay, (B, H, L, D), strides, part * H * D) for part in range(3))
-    out = TensorArg.contiguous("out", (B, H, L, D), torch.float16)
-    spec = AttentionSpec(q, k, v, out, is_causal=True)
+    return AttentionSpec(q, k, v, TensorArg.contiguous("out", (B, H, L, D), torch.float16), **kw)
+
+
+@pytest.mark.parametrize("lane_heads", [1, 2])
+@pytest.mark.parametrize("masking", ["causal", "per_head_mask"])
+def test_fused_qkv_views(card, config, lane_heads, masking):
+    """Read in place (no relayout). Heads at different lanes are never stacked as rows; with lane_heads=2
+    the two heads of a stick share one tile, so each stick of q, k and v is loaded once."""
+    B, L, H, D = 2, 50, 4, 32
+    mask = None
+    if masking == "per_head_mask":
+        mask = TensorArg.contiguous("mask", (B, H, L, L), torch.bool)
+    spec = _fused_qkv(B, L, H, D, attn_mask=mask, is_causal=masking == "causal", lane_heads_per_tile=lane_heads,
+                      batches_per_tile=2, block_k=64)
     program, dec = build_attention(spec, config)
-    assert dec.tiling["heads_per_tile"] == 1 and dec.tiling["batches_per_tile"] in (1, 2)
+    assert dec.tiling["heads_per_tile"] == 1 and dec.tiling["lane_heads"] == lane_heads
     g = torch.Generator().manual_seed(1)
     qkv = torch.randn(B, L, 3 * H * D, generator=g).half()
-    got, _ = run_on_card(card, program, {"qkv": qkv})
+    inp = {"qkv": qkv}
+    keep = None
+    if mask is not None:
+        keep = torch.rand(B, H, L, L, generator=g) > 0.3
+        inp["mask"] = keep
+    got, _ = run_on_card(card, program, inp)
     qh, kh, vh = qkv.float().reshape(B, L, 3, H, D).permute(2, 0, 3, 1, 4)
-    torch.testing.assert_close(got["out"], F.scaled_dot_product_attention(qh, kh, vh, is_causal=True), **DL_TOL)
+    ref = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=keep, is_causal=masking == "causal")
+    torch.testing.assert_close(got["out"], ref, **DL_TOL)
+
+
+def test_side_by_side_heads_halve_dram_traffic(config):
+    one, _ = build_attention(_fused_qkv(4, 128, 12, 32, lane_heads_per_tile=1), config)
+    two, dec = build_attention(_fused_qkv(4, 128, 12, 32), config)
+    assert dec.tiling["lane_heads"] == 2  # chosen by the estimate
+    read_one, read_two = time_program(one, config).bytes["dram_read"], time_program(two, config).bytes["dram_read"]
+    assert read_two < 0.6 * read_one
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -90,7 +91,8 @@ MAX_TILE_ROWS = 512  # rows of a stacked Q tile (heads_per_tile * block_q)
 class AttentionSpec:
     """One SDPA call with static shapes. Each operand is a :class:`TensorArg` (buffer name, layout and
     view); q/k/v/out share one dtype (fp16/bf16 -> DLFloat16 on the card, or fp32). ``block_q``,
-    ``block_k``, ``heads_per_tile`` and ``batches_per_tile`` force the tiling (None: chosen by the cost model)."""
+    ``block_k``, ``heads_per_tile``, ``batches_per_tile`` and ``lane_heads_per_tile`` force the tiling (None:
+    chosen by the cost model)."""
 
     query: TensorArg
     key: TensorArg
@@ -105,6 +107,7 @@ class AttentionSpec:
     block_k: int | None = None
     heads_per_tile: int | None = None
     batches_per_tile: int | None = None
+    lane_heads_per_tile: int | None = None
     exp_precision: str = "auto"  # "float32": exp of fp32 scores; "input": of scores rounded to the input dtype
     source_ops: tuple[str, ...] = ("aten._scaled_dot_product_flash_attention_for_cpu",)
 
@@ -213,20 +216,33 @@ class Tiling:
     block_k: int
     heads_per_tile: int  # query heads of one GQA group stacked in a tile
     batches_per_tile: int = 1  # batches stacked too: IBM's layout interleaves batch stick by stick
+    lane_heads: int = 1  # heads side by side in the same sticks (e.g. heads of 32 in a fused qkv buffer)
 
     def rows(self) -> int:
-        return self.block_q * self.heads_per_tile * self.batches_per_tile
+        return self.block_q * self.heads_per_tile * self.batches_per_tile * self.lane_heads
 
 
 @dataclass
 class WorkItem:
+    """A tile's work. Its query heads are ``members`` groups (one unless heads sit side by side in the
+    same sticks) of stacked heads sharing a K/V head; S rows are ordered (batch, member, head, row)."""
+
     batches: tuple[int, ...]
-    kv_head: int
-    heads: tuple[int, ...]  # query heads stacked in this tile
+    kv_heads: tuple[int, ...]  # K/V head of each member
+    heads: tuple[int, ...]  # query heads, member-major
     q0: int
     nq: int
     k_blocks: list[tuple[int, int]]  # (k0, nk) streamed for this item
     skipped: int  # key blocks above the causal diagonal
+
+    @property
+    def members(self) -> int:
+        return len(self.kv_heads)
+
+    @property
+    def stacked(self) -> tuple[int, ...]:
+        """The heads of the first member (the rows loaded; other members share their sticks)."""
+        return self.heads[: len(self.heads) // self.members]
 
     @property
     def rows(self) -> int:
@@ -234,8 +250,8 @@ class WorkItem:
 
     @property
     def sub_rows(self) -> int:
-        """Rows of one batch's sub-tile (its heads stacked)."""
-        return self.nq * len(self.heads)
+        """Rows of one (batch, member) sub-tile: its stacked heads."""
+        return self.nq * len(self.stacked)
 
 
 def _work_items(dims: _Dims, t: Tiling, causal: bool) -> list[WorkItem]:
@@ -243,15 +259,23 @@ def _work_items(dims: _Dims, t: Tiling, causal: bool) -> list[WorkItem]:
     all_blocks = [(k0, min(t.block_k, dims.Lk - k0)) for k0 in range(0, dims.Lk, t.block_k)]
     for b0 in range(0, dims.B, t.batches_per_tile):
         batches = tuple(range(b0, min(dims.B, b0 + t.batches_per_tile)))
-        for hk in range(dims.Hkv):
-            for g0 in range(0, dims.group, t.heads_per_tile):
-                heads = tuple(hk * dims.group + g0 + i for i in range(t.heads_per_tile))
-                for q0 in range(0, dims.Lq, t.block_q):
-                    nq = min(t.block_q, dims.Lq - q0)
-                    # Causal: query i sees keys j <= i, so nothing at or past q0 + nq.
-                    blocks = [kb for kb in all_blocks if not causal or kb[0] < q0 + nq]
-                    items.append(WorkItem(batches, hk, heads, q0, nq, blocks, len(all_blocks) - len(blocks)))
+        for heads, kv_heads in _head_sets(dims, t):
+            for q0 in range(0, dims.Lq, t.block_q):
+                nq = min(t.block_q, dims.Lq - q0)
+                # Causal: query i sees keys j <= i, so nothing at or past q0 + nq.
+                blocks = [kb for kb in all_blocks if not causal or kb[0] < q0 + nq]
+                items.append(WorkItem(batches, kv_heads, heads, q0, nq, blocks, len(all_blocks) - len(blocks)))
     return items
+
+
+def _head_sets(dims: _Dims, t: Tiling) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(query heads, K/V head per member) of each tile: ``heads_per_tile`` heads of one GQA group, or
+    ``lane_heads`` consecutive heads that share sticks (then one head per member)."""
+    if t.lane_heads > 1:
+        return [(tuple(range(h0, h0 + t.lane_heads)), tuple(h // dims.group for h in range(h0, h0 + t.lane_heads)))
+                for h0 in range(0, dims.Hq, t.lane_heads)]
+    return [(tuple(hk * dims.group + g0 + i for i in range(t.heads_per_tile)), (hk,))
+            for hk in range(dims.Hkv) for g0 in range(0, dims.group, t.heads_per_tile)]
 
 
 def _matmul_cycles(cfg: CardConfig, m: int, k: int, n: int, dtype: str) -> int:
@@ -268,7 +292,7 @@ def _vector_cycles(cfg: CardConfig, elements: int, itemsize: int, transcendental
 
 def _block_cycles(cfg: CardConfig, dims: _Dims, it: WorkItem, nk: int, has_mask: bool) -> tuple[int, int]:
     """(PE, vector) cycles of one K/V block of an item."""
-    isz, m, nb = dims.itemsize, it.rows, len(it.batches)
+    isz, m, nb = dims.itemsize, it.rows, len(it.batches) * it.members
     pe = nb * (_matmul_cycles(cfg, it.sub_rows, dims.D, nk, dims.dtype)
                + _matmul_cycles(cfg, it.sub_rows, nk, dims.Dv, dims.dtype))
     s = m * nk
@@ -299,9 +323,10 @@ def _dram_seconds(cfg: CardConfig, spec: AttentionSpec, dims: _Dims, items: list
         dev = _tile_sticks(arg, it.batches, heads, r0, n, 0, ncols)[0]
         return dev.size * STICK_BYTES + dram_runs(dev) * over
 
-    q = cost(spec.query, it.heads, it.q0, it.nq, dims.D)
+    cols = _member_cols(spec, dims, it)
+    q = cost(spec.query, it.stacked, it.q0, it.nq, cols["q"])
     o = cost(spec.out, it.heads, it.q0, it.nq, dims.Dv)
-    kv = (cost(spec.key, (it.kv_head,), k0, nk, dims.D) + cost(spec.value, (it.kv_head,), k0, nk, dims.Dv)) / nk
+    kv = (cost(spec.key, it.kv_heads[:1], k0, nk, cols["k"]) + cost(spec.value, it.kv_heads[:1], k0, nk, cols["v"])) / nk
     m = 0.0
     if mask is not None:
         dev = _mask_sticks(mask, it, k0, nk)[0]
@@ -343,16 +368,52 @@ def _estimate(cfg: CardConfig, spec: AttentionSpec, dims: _Dims, t: Tiling, mask
                                                             mask is not None)) / cfg.clock_hz
     total = max(compute_s, dram_s) + OVERLAP_PENALTY * min(compute_s, dram_s)
     return {"block_q": t.block_q, "block_k": t.block_k, "heads_per_tile": t.heads_per_tile,
-            "batches_per_tile": t.batches_per_tile, "items": len(items), "cores": n_cores,
+            "batches_per_tile": t.batches_per_tile, "lane_heads": t.lane_heads, "items": len(items), "cores": n_cores,
             "est_compute_us": round(compute_s * 1e6, 2), "est_dram_us": round(dram_s * 1e6, 2),
             "est_us": round((total + cfg.kernel_fixed_cost_s) * 1e6, 2)}
 
 
-def _lane_table(arg: TensorArg, batches: int, heads: int, ncols: int) -> np.ndarray:
+@lru_cache(maxsize=64)
+def _row0(arg: TensorArg, batches: int, heads: int) -> tuple[np.ndarray, np.ndarray]:
+    """[B, H] device stick and lane where each (batch, head)'s row 0 starts."""
+    lead = np.array([[b, h, 0, 0] for b in range(batches) for h in range(heads)])
+    dev = arg.layout.device_offsets(arg.host_index(lead))
+    return (dev // arg.lanes).reshape(batches, heads), (dev % arg.lanes).reshape(batches, heads)
+
+
+def _lane_table(arg: TensorArg, batches: int, heads: int, ncols: int = 0) -> np.ndarray:
     """[B, H] lane offset of each (batch, head)'s rows; rows stacked in one tile must share it."""
-    lead = np.array([[b, h, 0] for b in range(batches) for h in range(heads)])
-    host = arg.host_index(np.concatenate([lead, np.zeros((len(lead), 1), dtype=np.int64)], axis=1))
-    return (arg.layout.device_offsets(host) % arg.lanes).reshape(batches, heads)
+    return _row0(arg, batches, heads)[1]
+
+
+def _kv_lane_deltas(arg: TensorArg, dims: _Dims, it: WorkItem) -> list[int]:
+    """Lane of each member's K (or V) rows relative to the first member's, in the shared sticks."""
+    lanes = _row0(arg, dims.B, dims.Hkv)[1][it.batches[0]]
+    return [int(lanes[h] - lanes[it.kv_heads[0]]) for h in it.kv_heads]
+
+
+def _member_cols(spec: AttentionSpec, dims: _Dims, it: WorkItem) -> dict[str, int]:
+    """Columns loaded per row of Q, K and V: one head's, or the span of all members side by side."""
+    return {"q": dims.D * it.members, "k": dims.D + max(_kv_lane_deltas(spec.key, dims, it)),
+            "v": dims.Dv + max(_kv_lane_deltas(spec.value, dims, it))}
+
+
+def _lane_packable(spec: AttentionSpec, dims: _Dims, P: int) -> bool:
+    """Can ``P`` consecutive query heads share one tile side by side? Their Q rows must start in the same
+    stick at lanes D apart, and their K and V rows in the same sticks (at any fixed lane offsets)."""
+    if P < 2 or dims.Hq % P:
+        return False
+    qs, ql = _row0(spec.query, dims.B, dims.Hq)
+    for h0 in range(0, dims.Hq, P):
+        hs, kvs = list(range(h0, h0 + P)), [h // dims.group for h in range(h0, h0 + P)]
+        if (qs[:, hs] != qs[:, [h0]]).any() or (ql[:, hs] != ql[:, [h0]] + dims.D * np.arange(P)).any():
+            return False
+        for arg in (spec.key, spec.value):
+            st, ln = _row0(arg, dims.B, dims.Hkv)
+            delta = ln[:, kvs] - ln[:, [kvs[0]]]
+            if (st[:, kvs] != st[:, [kvs[0]]]).any() or (delta < 0).any() or (delta != delta[:1]).any():
+                return False
+    return True
 
 
 def _candidates(dims: _Dims, spec: AttentionSpec) -> list[Tiling]:
@@ -369,11 +430,14 @@ def _candidates(dims: _Dims, spec: AttentionSpec) -> list[Tiling]:
     bk = [spec.block_k] if spec.block_k else [b for b in BLOCK_K_CHOICES if b < 2 * dims.Lk] or [BLOCK_K_CHOICES[0]]
     gs = [spec.heads_per_tile] if spec.heads_per_tile else [g for g in range(1, dims.group + 1) if dims.group % g == 0]
     nbs = [spec.batches_per_tile] if spec.batches_per_tile else [n for n in range(1, dims.B + 1) if dims.B % n == 0]
-    out = [Tiling(q, k, g, n) for q in bq for k in bk for g in gs for n in nbs
-           if dims.group % g == 0 and uniform(n, g)]
+    lane_p = spec.query.lanes // dims.D if dims.D < spec.query.lanes else 1
+    ps = [spec.lane_heads_per_tile] if spec.lane_heads_per_tile else [1, lane_p] if lane_p > 1 else [1]
+    out = [Tiling(q, k, g, n, p) for q in bq for k in bk for g in gs for n in nbs for p in ps
+           if dims.group % g == 0 and uniform(n, g) and (p == 1 or (g == 1 and _lane_packable(spec, dims, p)))]
     if not out:
         raise CodegenError(f"sdpa {spec.name}: heads_per_tile={spec.heads_per_tile}, batches_per_tile="
-                           f"{spec.batches_per_tile} do not divide the GQA group / batch, or stack rows at different lanes")
+                           f"{spec.batches_per_tile}, lane_heads_per_tile={spec.lane_heads_per_tile} do not divide the "
+                           "GQA group / batch, or stack rows at different lanes, or heads do not share sticks")
     return [t for t in out if t.rows() <= MAX_TILE_ROWS] or out[:1]
 
 
@@ -391,17 +455,18 @@ def _row_lanes(arg: TensorArg, ncols: int, lane0s: np.ndarray | None = None) -> 
     return _ceil_to(worst + ncols, arg.lanes)
 
 
-def _row_widths(spec: AttentionSpec, dims: _Dims, mask: TensorArg | None) -> dict[str, int]:
-    w = {"q": _row_lanes(spec.query, dims.D, _lane_table(spec.query, dims.B, dims.Hq, dims.D)),
-         "k": _row_lanes(spec.key, dims.D, _lane_table(spec.key, dims.B, dims.Hkv, dims.D)),
-         "v": _row_lanes(spec.value, dims.Dv, _lane_table(spec.value, dims.B, dims.Hkv, dims.Dv)),
-         "o": _ceil_to(dims.Dv, spec.out.lanes)}
-    return w
+def _row_widths(spec: AttentionSpec, dims: _Dims, t: Tiling) -> dict[str, int]:
+    """Lanes per scratchpad row of each tile (members side by side widen Q, K and V rows)."""
+    p = t.lane_heads
+    return {"q": _row_lanes(spec.query, dims.D * p, _lane_table(spec.query, dims.B, dims.Hq)),
+            "k": _row_lanes(spec.key, dims.D * p, _lane_table(spec.key, dims.B, dims.Hkv)),
+            "v": _row_lanes(spec.value, dims.Dv * p, _lane_table(spec.value, dims.B, dims.Hkv)),
+            "o": _ceil_to(dims.Dv, spec.out.lanes)}
 
 
 def _mask_tile_dims(mask: TensorArg, t: Tiling) -> tuple[int, int, int]:
     """(batches, heads, rows) of a mask tile: 1 where the mask broadcasts."""
-    return (t.batches_per_tile if mask.strides[0] else 1, t.heads_per_tile if mask.strides[1] else 1,
+    return (t.batches_per_tile if mask.strides[0] else 1, t.heads_per_tile * t.lane_heads if mask.strides[1] else 1,
             t.block_q if mask.strides[2] else 1)
 
 
@@ -531,21 +596,26 @@ class _CoreEmitter:
     # --- stage 1: loads and S = Q K^T -----------------------------------------------------------
     def _scores(self, st: _Step) -> None:
         d, t, spec, it = self.dims, self.t, self.spec, st.item
-        nb, sub = len(it.batches), it.sub_rows
+        sub, P = it.sub_rows, it.members
+        cols = _member_cols(spec, d, it)
         if st.first:
-            w, lane0 = self._load(spec.query, f"q{st.parity}", it.batches, it.heads, it.q0, it.nq, d.D)
-            self.q = self.sp(f"q{st.parity}", d.dtype, (it.rows, d.D), (w, 1), lane0)
-        wk, lk = self._load(spec.key, f"k{st.bp}", it.batches, (it.kv_head,), st.k0, st.nk, d.D)
-        wv, lv = self._load(spec.value, f"v{st.bp}", it.batches, (it.kv_head,), st.k0, st.nk, d.Dv)
+            w, lane0 = self._load(spec.query, f"q{st.parity}", it.batches, it.stacked, it.q0, it.nq, cols["q"])
+            self.q = self.sp(f"q{st.parity}", d.dtype, (len(it.batches) * sub, d.D), (w, 1), lane0)
+        wk, lk = self._load(spec.key, f"k{st.bp}", it.batches, it.kv_heads[:1], st.k0, st.nk, cols["k"])
+        wv, lv = self._load(spec.value, f"v{st.bp}", it.batches, it.kv_heads[:1], st.k0, st.nk, cols["v"])
+        dk, dv = _kv_lane_deltas(spec.key, d, it), _kv_lane_deltas(spec.value, d, it)
         if self.mask is not None:
             st.mask = self._load_mask(st)
         q = self.q
-        for i in range(nb):
-            st.kt.append(self.sp(f"k{st.bp}", d.dtype, (d.D, st.nk), (1, wk), i * st.nk * wk + lk))  # K^T by strides
-            st.v.append(self.sp(f"v{st.bp}", d.dtype, (st.nk, d.Dv), (wv, 1), i * st.nk * wv + lv))
-            qi = SpTensor(q.offset + i * sub * q.strides[0] * q.itemsize, q.dtype, (sub, d.D), q.strides)
-            si = self.sp(f"s{st.bp}", "float32", (sub, st.nk), (t.block_k, 1), i * sub * t.block_k)
-            self.ins.append(MatMul(si, qi, st.kt[i]))
+        # One QK^T per (batch, member): a member's Q, K and V are lane offsets into the shared sticks.
+        for i in range(len(it.batches)):
+            for m in range(P):
+                kt = self.sp(f"k{st.bp}", d.dtype, (d.D, st.nk), (1, wk), i * st.nk * wk + lk + dk[m])  # K^T by strides
+                st.kt.append(kt)
+                st.v.append(self.sp(f"v{st.bp}", d.dtype, (st.nk, d.Dv), (wv, 1), i * st.nk * wv + lv + dv[m]))
+                qi = SpTensor(q.offset + (i * sub * q.strides[0] + m * d.D) * q.itemsize, q.dtype, (sub, d.D), q.strides)
+                si = self.sp(f"s{st.bp}", "float32", (sub, st.nk), (t.block_k, 1), (i * P + m) * sub * t.block_k)
+                self.ins.append(MatMul(si, qi, kt))
         self.stats["blocks"] += 1
 
     def _load_mask(self, st: _Step) -> SpTensor:
@@ -563,7 +633,7 @@ class _CoreEmitter:
         M, nb, sub = it.rows, len(it.batches), it.sub_rows
         s2 = self.sp(f"s{bp}", "float32", (M, nk), (t.block_k, 1))
         s4 = self.sp(f"s{bp}", "float32", (nb, len(it.heads), it.nq, nk),
-                     (sub * t.block_k, it.nq * t.block_k, t.block_k, 1))
+                     (len(it.heads) * it.nq * t.block_k, it.nq * t.block_k, t.block_k, 1))
         p2 = self.sp(f"p{bp}", self.pdt, (M, nk), (nk, 1))
         col = lambda name: self.sp(name, "float32", (M, 1))  # noqa: E731
         nm, alpha, mcur, lcur = col(f"nm{bp}"), col(f"alpha{bp}"), col(f"mcur{bp}"), col(f"lcur{bp}")
@@ -596,11 +666,10 @@ class _CoreEmitter:
         else:
             self.ins += [Reduce("sum", lcur, p2, axis=1), _ew("fma", l, l, alpha, lcur),
                          _ew("mul", acc, acc, _bcast_rows(alpha, d.Dv))]
-        for i in range(nb):
-            rows = slice(i * sub, (i + 1) * sub)
-            pi = SpTensor(p2.offset + rows.start * nk * p2.itemsize, p2.dtype, (sub, nk), (nk, 1))
-            ai = SpTensor(acc.offset + rows.start * d.Dv * 4, "float32", (sub, d.Dv))
-            self.ins.append(MatMul(ai, pi, st.v[i], accumulate=not st.first))
+        for i, v in enumerate(st.v):  # one PV per (batch, member) sub-tile, in S's row order
+            pi = SpTensor(p2.offset + i * sub * nk * p2.itemsize, p2.dtype, (sub, nk), (nk, 1))
+            ai = SpTensor(acc.offset + i * sub * d.Dv * 4, "float32", (sub, d.Dv))
+            self.ins.append(MatMul(ai, pi, v, accumulate=not st.first))
 
     def _bias(self, st: _Step, s4: SpTensor) -> tuple[bool, bool]:
         """Apply the mask and the causal bias to S; return (S is now scaled, some entry may be -inf)."""
@@ -653,11 +722,11 @@ def _choose_tiling(spec: AttentionSpec, dims: _Dims, mask: TensorArg | None, cfg
     """The cheapest tiling by the estimate whose scratchpad plan fits; every candidate is recorded."""
     considered = []
     best = None
-    widths = _row_widths(spec, dims, mask)
     for t in _candidates(dims, spec):
         est = _estimate(cfg, spec, dims, t, mask)
         try:
-            sp_plan = plan(_buffers(dims, t, mask, spec.is_causal, widths), cfg.scratchpad_plannable_bytes)
+            sp_plan = plan(_buffers(dims, t, mask, spec.is_causal, _row_widths(spec, dims, t)),
+                           cfg.scratchpad_plannable_bytes)
         except ScratchpadOverflowError as e:
             considered.append({**est, "rejected": f"scratchpad: needs {e.needed} B"})
             continue
@@ -727,7 +796,7 @@ def _decisions(spec: AttentionSpec, dims: _Dims, t: Tiling, sp_plan: Any, per_co
         "est_load_imbalance": round(max(loads) / (sum(loads) / len(loads)), 3) if loads and sum(loads) else 1.0,
     }
     dec.tiling = {"block_q": t.block_q, "block_k": t.block_k, "heads_per_tile": t.heads_per_tile,
-                  "batches_per_tile": t.batches_per_tile, "tile_rows": t.rows(),
+                  "batches_per_tile": t.batches_per_tile, "lane_heads": t.lane_heads, "tile_rows": t.rows(),
                   "kv_blocks_streamed": totals["blocks"], "causal_blocks_skipped": totals["skipped_blocks"],
                   "causal_bias_blocks": totals["causal_bias_blocks"], "scale": dims.scale,
                   "gqa_group": dims.group, "is_causal": spec.is_causal,
