@@ -11,8 +11,12 @@ The program
 -----------
 *Work division.* A work item is one query block of ``block_q`` rows for ``heads_per_tile`` query heads
 that share one K/V head (GQA): their Q rows are stacked into one [M, D] tile, so every K/V block loaded
-serves all of them and the PE arrays see M rows per weight tile. Items are dealt to the cores
-longest-first (causal items differ in cost), so cores finish together.
+serves all of them and the PE arrays see M rows per weight tile. ``batches_per_tile`` batches are
+stacked too (IBM's layout interleaves the batch stick by stick: neighbouring batches make one DRAM
+burst), each with its own QK^T and PV. Heads that sit side by side in the same sticks (heads of 32 in
+a fused qkv buffer) share a tile as ``lane_heads``: each stick is loaded once and every head reads its
+lanes through a view. Items are dealt to the cores longest-first (causal items differ in cost), and
+the cores used are placed outwards from the memory interface's ring stop, alternating sides.
 
 *Per item.* Load the Q tile, then stream K/V blocks of ``block_k`` rows (double-buffered: block j+1's DMA
 overlaps block j's compute, and S/P alternate so the next QK^T runs on the PE arrays while the vector
@@ -21,7 +25,9 @@ unit finishes this block's softmax). For each block, in fp32:
     S = Q K^T                                   (MatMul, K^T a transposed view of the K tile)
     S = S + causal bias | where(mask, S, -inf)  (only where needed; a float mask: S = S*scale + mask)
     -m_new = min(-m_old, -rowmax(S)*scale)      (kept negated, so one fma forms S*scale - m_new)
-    P = exp(S*scale - m_new)                    (rounded to the input dtype for the PE arrays)
+    P = exp(S*scale - m_new)                    (rounded to the input dtype for the PE arrays; for
+                                                 DLFloat16 inputs the exp's argument too, in blocks
+                                                 without -inf: half the vector bytes)
     l = l*alpha + rowsum(P),  acc = acc*alpha + P V,   alpha = exp(m_old - m_new)
 
 and at the end out = acc / l. The first block of an item skips the rescaling (it initialises m, l, acc).
