@@ -132,3 +132,39 @@ def test_input_with_non_default_stick_dim_and_offset():
     view = xs[7:90, 3:150]  # a view with a storage offset
     got = torch.compile(lambda a: a * 2 + 1)(view).cpu().float()
     torch.testing.assert_close(got, x.half().float()[7:90, 3:150] * 2 + 1, atol=3e-2, rtol=2e-2)
+
+
+# --- the matmul family through the matmul generator ------------------------------------------------
+MM_TOL = dict(atol=0.1, rtol=0.02)
+
+
+def test_mm_bmm_addmm():
+    check(lambda a, b: a @ b, rnd(32, 64), rnd(64, 48), tol=MM_TOL)
+    check(lambda a, b: torch.bmm(a, b), rnd(4, 32, 64), rnd(4, 64, 48), tol=MM_TOL)
+    check(lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0), rnd(48), rnd(32, 64), rnd(64, 48), tol=MM_TOL)
+
+
+@pytest.mark.parametrize("shape", [(16, 64), (2, 16, 64)])
+def test_mlp_forward(shape):
+    import torch.nn as nn
+
+    import torch_spyre
+    from torch_spyre.compiler import wrapper
+
+    from .spyre_compile_helpers import fresh
+
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32), nn.SiLU())
+    x = torch.randn(*shape)
+    ref = mlp(x)
+    dev = mlp.half().to("spyre")
+    fresh()
+    f = torch.compile(dev)
+    with torch.no_grad():
+        f(x.half().to("spyre"))
+        wrapper.reset_host_fallback_stats()
+        torch_spyre.reset_fallback_stats()
+        got = f(x.half().to("spyre")).cpu().float()
+    torch.testing.assert_close(got, ref.detach(), atol=3e-2, rtol=3e-2)
+    assert wrapper.host_fallback_stats() == {}
+    assert dict(torch_spyre.fallback_stats()) == {}

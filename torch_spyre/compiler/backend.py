@@ -237,6 +237,97 @@ def _make_scheduling():
 
 
 # ---------------------------------------------------------------------------------------------
+# Lowerings that keep the matmul family on the card (instead of Inductor's extern aten.mm calls)
+# ---------------------------------------------------------------------------------------------
+MATMUL_KINDS = {"mm": 2, "bmm": 2, "addmm": 3, "baddbmm": 3}
+
+
+def _make_matmul_node():
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V
+
+    from . import kernel_ir
+
+    class SpyreMatmul(ir.ExternKernelOut):
+        """``out = alpha * a @ b (+ beta * bias)`` as one spyre kernel (generator "matmul")."""
+
+        def __init__(self, layout, inputs, kind: str, alpha: float, beta: float):
+            super().__init__(layout, inputs, python_kernel_name=f"spyre_{kind}")
+            self.spyre_kind, self.alpha, self.beta = kind, float(alpha), float(beta)
+
+        def codegen(self, wrapper) -> None:
+            roles = (["bias"] if self.spyre_kind in ("addmm", "baddbmm") else []) + ["a", "b"]
+            refs = {r: x.codegen_reference() for r, x in zip(roles, self.inputs)}
+            refs["out"] = self.get_name()
+            spec = kernel_ir.extern_kernel_spec(
+                wrapper.next_spyre_kernel_name_for(self.spyre_kind), "matmul",
+                {r: x for r, x in zip(roles, self.inputs)} | {"out": self},
+                {"kind": self.spyre_kind, "alpha": self.alpha, "beta": self.beta},
+                self.get_origins(),
+            )
+            wrapper.define_spyre_kernel(spec)
+            wrapper.writeline(f"{spec.name}.run({', '.join(f'{r}={ref}' for r, ref in refs.items())})")
+
+    return SpyreMatmul
+
+
+def _matmul_lowering(kind: str, original):
+    from torch._inductor import ir
+
+    def lower(*args, **kwargs):
+        tensors = [a for a in args if isinstance(a, ir.IRNode)]
+        device = tensors[0].get_device() if tensors else None
+        if device is None or device.type != DEVICE:
+            return original(*args, **kwargs)
+        return _lower_matmul(kind, args, kwargs)
+
+    lower.__name__ = f"spyre_{kind}_lowering"
+    return lower
+
+
+def _lower_matmul(kind: str, args, kwargs):
+    from torch._inductor import ir
+    from torch._inductor.ir import FixedLayout, TensorBox
+
+    node_cls = _make_matmul_node.cls
+    n_in = MATMUL_KINDS[kind]
+    inputs = [_matmul_operand(ir.ExternKernel.realize_input(a)) for a in args[:n_in]]
+    beta = kwargs.get("beta", args[n_in] if len(args) > n_in else 1)
+    alpha = kwargs.get("alpha", args[n_in + 1] if len(args) > n_in + 1 else 1)
+    a, b = inputs[-2], inputs[-1]
+    size = [*a.get_size()[:-1], b.get_size()[-1]]
+    stride = [1] * len(size)
+    for d in range(len(size) - 2, -1, -1):
+        stride[d] = stride[d + 1] * size[d + 1]
+    layout = FixedLayout(a.get_device(), a.get_dtype(), size, stride)
+    return TensorBox.create(node_cls(layout, inputs, kind, alpha, beta))
+
+
+def _matmul_operand(x):
+    """A view that merges or splits dims of its buffer (e.g. [B, S, K] seen as [B*S, K]) is not one
+    stride per dim in the stick layout's device order: give the matmul a copy in its own layout (a
+    pointwise kernel). Permutes and slices stay views; the matmul generator reads them as they are."""
+    from torch._inductor import ir
+
+    if isinstance(x, ir.ReinterpretView) and len(x.get_size()) != len(x.data.get_size()):
+        return ir.ExternKernel.copy_input(x)
+    return x
+
+
+def _register_lowerings() -> None:
+    from torch._inductor import lowering as L
+
+    _make_matmul_node.cls = _make_matmul_node()
+    aten = torch.ops.aten
+    for kind in MATMUL_KINDS:
+        op = getattr(aten, kind).default
+        original = L.lowerings[op]
+        if getattr(original, "__name__", "").startswith("spyre_"):
+            continue
+        L.lowerings[op] = _matmul_lowering(kind, original)
+
+
+# ---------------------------------------------------------------------------------------------
 # Registration
 # ---------------------------------------------------------------------------------------------
 def _stream_device_shim() -> None:
@@ -265,6 +356,10 @@ def register() -> None:
         register_backend_for_device(DEVICE, _make_scheduling(), _make_wrapper_class())
         register_device_op_overrides(DEVICE, _make_op_overrides())
         register_interface_for_device(DEVICE, _make_device_interface())
+        _register_lowerings()
+        from .wrapper import register_builtin_generators
+
+        register_builtin_generators()
         _registered = True
 
 

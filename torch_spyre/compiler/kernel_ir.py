@@ -462,3 +462,21 @@ def _buffers(specs: list[NodeSpec], nodes: list[Any]) -> list[BufferSpec]:
         role = "inout" if name in loaded and name in stored else "input" if name in loaded else "output"
         out.append(_buffer_spec(name, role))
     return out
+
+
+def extern_kernel_spec(name: str, generator: str, buffers: dict[str, Any], params: dict[str, Any],
+                       origins: Iterable[Any] = ()) -> KernelSpec:
+    """The KernelSpec of a whole-op kernel (matmul, attention, gather): ``buffers`` maps role names
+    (the program's operand names, e.g. "a", "b", "out") to Inductor IR nodes; their views (size,
+    stride, offset) are recorded; ``params`` name the roles for the generator."""
+    specs = []
+    for role, node in buffers.items():
+        layout = node.get_layout()
+        specs.append(BufferSpec(role, dtype_name(layout.dtype), static_ints(layout.size, f"{role} size"),
+                                static_ints(layout.stride, f"{role} stride"),
+                                static_ints([layout.offset], f"{role} offset")[0],
+                                "output" if role == "out" else "input"))
+    fake = type("N", (), {"node": type("I", (), {"origins": list(origins)})()})()
+    ops, lines = origins_of([fake])
+    return KernelSpec(name, [], [], [], specs, ops, lines, generator=generator,
+                      params={**params, **{r: r for r in buffers}})

@@ -77,6 +77,40 @@ def register_generator(name: str, fn: Callable[..., Any]) -> None:
     GENERATORS[name] = fn
 
 
+def matmul_generator(spec: KernelSpec, places: dict[str, Any], config: Any):
+    """Adapter from a "matmul" KernelSpec (params: kind, alpha, beta; operands a, b, out, bias) to
+    codegen_matmul.build_matmul. Views keep Inductor's sizes/strides and the bound storage offsets."""
+    from . import codegen_matmul as mm
+
+    def view(role: str):
+        b = spec.buffer(role)
+        return mm.TensorView(role, places[role].layout, tuple(b.size), tuple(b.stride),
+                             int(places[role].storage_offset))
+
+    p = spec.params
+    bias = view("bias") if p["kind"] in ("addmm", "baddbmm") else None
+    mspec = mm.MatmulSpec(view("a"), view("b"), view("out"), bias, float(p.get("alpha", 1.0)),
+                          float(p.get("beta", 1.0)), p["kind"], spec.name, tuple(spec.source_ops))
+    program, decisions = mm.build_matmul(mspec, config)
+    decisions.source_lines = list(spec.source_lines)
+    program.metadata["decisions"] = decisions.to_dict()
+    return program
+
+
+def register_builtin_generators() -> None:
+    """The whole-op generators this build has: matmul here; attention and gather when their modules
+    provide ``generate(kspec, places, config)`` (names as ``GENERATOR`` in those modules)."""
+    GENERATORS.setdefault("matmul", matmul_generator)
+    for module in ("codegen_attention", "codegen_gather"):
+        try:
+            mod = __import__(f"torch_spyre.compiler.{module}", fromlist=["generate"])
+        except ImportError:
+            continue
+        name = getattr(mod, "GENERATOR", None)
+        if name and hasattr(mod, "generate"):
+            GENERATORS.setdefault(name, mod.generate)
+
+
 def _generator(spec: KernelSpec) -> Callable[..., Any]:
     if not spec.generator:
         from .codegen_pointwise import generate
@@ -204,10 +238,20 @@ def _make_wrapper_class():
             self._spyre_kernel_names.add(name)
             return name
 
+        def next_spyre_kernel_name_for(self, base: str) -> str:
+            name = f"spyre_{base}_{len(self._spyre_kernel_names)}"
+            self._spyre_kernel_names.add(name)
+            return name
+
         def define_spyre_kernel(self, spec: KernelSpec) -> None:
             _, path = codecache.write(spec.to_json(), "json")
             ops = ", ".join(spec.source_ops) or "?"
-            self.header.writeline(f"# kernel {spec.name}: {spec.kind} over x={spec.x_sizes} r={spec.r_sizes}; from {ops}")
+            if spec.generator:
+                shapes = ", ".join(f"{b.name}{b.size}" for b in spec.buffers)
+                what = f"{spec.generator} ({spec.params.get('kind', spec.generator)}: {shapes})"
+            else:
+                what = f"{spec.kind} over x={spec.x_sizes} r={spec.r_sizes}"
+            self.header.writeline(f"# kernel {spec.name}: {what}; from {ops}")
             for line in spec.source_lines[:3]:
                 self.header.writeline(f"#   at {line}")
             self.header.writeline(f"{spec.name} = SpyreKernel.load({path!r})")
