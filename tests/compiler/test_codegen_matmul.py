@@ -249,6 +249,15 @@ def test_1024_cubed_reaches_the_pe_roofline_fraction():
     assert pe_roofline / t.total_s >= 0.65, t.summary()
 
 
+def test_verify_top_keeps_the_fastest_simulated_plan():
+    spec = mm_spec(buf("a", (512, 1024)), buf("b", (1024, 768)), buf("c", (512, 768)))
+    analytic, _ = build_matmul(spec, CFG)
+    verified, dec = build_matmul(spec, CFG, verify_top=3)
+    timed = [a["simulated_us"] for a in dec.alternatives if "simulated_us" in a]
+    assert len(timed) == 3 and dec.alternatives[0]["simulated_us"] == min(timed)
+    assert time_program(verified, CFG).total_s <= time_program(analytic, CFG).total_s
+
+
 def test_plans_are_deterministic():
     spec = mm_spec(buf("a", (300, 500)), buf("b", (500, 200)), buf("c", (300, 200)))
     p1, p2 = build_matmul(spec, CFG)[0], build_matmul(spec, CFG)[0]

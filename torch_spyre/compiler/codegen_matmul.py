@@ -62,6 +62,7 @@ from .scratchpad import ScratchpadOverflowError, SpBuffer, plan
 
 DL, F32 = "dlfloat16", "float32"
 UNIT = 64  # elements of one fp16 stick: N and K are tiled in whole units of it
+OVERLAP_LOSS = 0.25  # share of the shorter of compute and data movement that double buffering leaves exposed
 INPUT_DTYPES = (DL,)  # what the PE arrays multiply (fp16 and bf16 are stored as DLFloat16)
 OUTPUT_DTYPES = (DL, F32)
 KINDS = ("mm", "bmm", "addmm", "baddbmm", "linear")
@@ -425,12 +426,13 @@ class Tiles:
     nt: int
     kt: int
     a_resident: bool
-    network: str = "reduce"  # where K-split partial sums travel
+    network: str = ""  # where K-split partial sums travel: "reduce" or "data" ring ("" without a K-split)
 
     def __str__(self) -> str:
         res = ", A resident" if self.a_resident else ""
         rows = f"{self.bt}x{self.mt}" if self.bt > 1 else f"{self.mt}"
-        return f"M {rows} rows, N {self.nt} sticks, K {self.kt} sticks{res}, sums over {self.network} ring"
+        net = f", sums over the {self.network} ring" if self.network else ""
+        return f"M {rows} rows, N {self.nt} sticks, K {self.kt} sticks{res}{net}"
 
 
 def _chunks(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
@@ -693,7 +695,7 @@ def estimate(p: _Problem, s: Split, t: Tiles, cfg: CardConfig, traffic: _SplitTr
     dma_core = max(max(reads), max(tr.writes)) / dma_rate
     t_r, t_w = 1 / cfg.dram_read_bandwidth, 1 / cfg.dram_write_bandwidth
     # Read/write turnaround is left out: the stores mostly come after the loads have finished.
-    dram = sum(reads) * t_r + sum(tr.writes) * t_w
+    dram = sum(reads) * t_r + sum(tr.writes) * t_w + _turnaround(p, t, sh, tr, reads, cfg)
     # --- ring links: DRAM traffic to and from the memory stop, and K-split partial sums
     reduce_bw = cfg.reduction_ring_bytes_per_cycle * clock * cfg.ring_efficiency
     link_bw = reduce_bw if t.network == "reduce" else cfg.ring_link_bandwidth
@@ -721,8 +723,27 @@ def estimate(p: _Problem, s: Split, t: Tiles, cfg: CardConfig, traffic: _SplitTr
         drain += (s.k - 1) * (chunk * 4 / link_bw + _vector_cycles(cfg, chunk, 4) / clock)
         drain += max(0, tail - chunk) * 4 / link_bw / 2
     exposed = _exposed_latency(p, t, sh, cfg, steady["pe"])
-    total = cfg.kernel_fixed_cost_s + fill + max(steady.values()) + drain + exposed
+    compute = max(steady["pe"], steady["vector"])
+    memory = max(steady["dma_core"], steady["dram"], steady["ring"])
+    # Two double-buffered sides never overlap perfectly: a share of the shorter one shows.
+    busy = max(compute, memory) + OVERLAP_LOSS * min(compute, memory)
+    total = cfg.kernel_fixed_cost_s + fill + busy + drain + exposed
     return Estimate(total, {**steady, "fill": fill, "drain": drain, "exposed_latency": exposed})
+
+
+def _turnaround(p: _Problem, t: Tiles, sh: _Shape, tr: _SplitTraffic, reads: list[int], cfg: CardConfig) -> float:
+    """LPDDR5 read/write turnaround: the stores of every N tile but the last run while later tiles load
+    (all but the first tile's loads); interleaved, each of those bytes loses the mixed-traffic efficiency."""
+    tiles = sh.n_tiles * (1 if p.b_shared else sh.groups)
+    if tiles < 2:
+        return 0.0
+    first = sum(tr.a) if t.a_resident else 0  # a resident A is loaded with the first tile
+    r = (sum(reads) - first) * (tiles - 1) / tiles
+    w = sum(tr.writes) * (tiles - 1) / tiles
+    t_r, t_w = 1 / cfg.dram_read_bandwidth, 1 / cfg.dram_write_bandwidth
+    t_turn = max(0.0, 2 / (cfg.dram_peak_bandwidth * cfg.dram_mixed_efficiency) - t_r - t_w)
+    # Only part of that traffic is in flight at the same moment (loads run ahead of the stores).
+    return t_turn * r * w / (r + w) if r + w else 0.0
 
 
 def _exposed_latency(p: _Problem, t: Tiles, sh: _Shape, cfg: CardConfig, pe_s: float) -> float:
@@ -785,7 +806,7 @@ def _candidate_tiles(p: _Problem, s: Split, cfg: CardConfig) -> Iterable[Tiles]:
     align = _row_align(p)
     mts = sorted({_round(-(-nm // d), align) for d in (1, 2, 3, 4, 6, 8, 12, 16)} | {min(nm, 64)}, reverse=True)
     bts = _tile_options(nb, 4) if p.b_shared else [1]
-    networks = ("reduce", "data") if s.k > 1 else ("reduce",)
+    networks = ("reduce", "data") if s.k > 1 else ("",)
     for nt in _tile_options(nu, 6):
         for kt in _tile_options(ku, 6):
             for mt in mts:
@@ -1138,6 +1159,8 @@ def generate(spec: MatmulSpec, split: Split, tiles: Tiles, config: CardConfig) -
     work = _assign(p, split, config)
     if work is None:
         raise MatmulSpecError(f"{p.describe()}: split {split} leaves cores without work")
+    if split.k > 1 and tiles.network not in ("reduce", "data"):
+        raise MatmulSpecError(f"a K-split sends partial sums over the 'reduce' or the 'data' ring, got {tiles.network!r}")
     sh = _core_shape(p, split, tiles, work[0])
     sp_plan = plan(_buffers(p, split, tiles, sh), config.scratchpad_plannable_bytes)
     offsets = {b.name: b.offset for b in sp_plan.buffers}
@@ -1204,12 +1227,25 @@ def _layout_with_stick(view: TensorView, view_dim: int, role: str) -> StickLayou
     return StickLayout(lay.host_shape, cands[0], lay.device_dtype)
 
 
-def build_matmul(spec: MatmulSpec, config: CardConfig) -> tuple[Program, KernelDecisions]:
-    """The program for ``spec`` on a card with ``config`` and the record of what was decided and why."""
+def build_matmul(spec: MatmulSpec, config: CardConfig, verify_top: int = 0) -> tuple[Program, KernelDecisions]:
+    """The program for ``spec`` on a card with ``config`` and the record of what was decided and why.
+
+    The plan is the analytic cost model's cheapest. With ``verify_top`` = n > 1, the model's n cheapest
+    plans are generated and timed with the card's timing model and the fastest is kept (an autotuning
+    step: slower to compile, for kernels run often)."""
     ranked = rank_plans(spec, config)
+    simulated: dict[int, float] = {}
+    if verify_top > 1:
+        from ..card.timing import time_program  # the card's own clock, used only when asked
+
+        for i, c in enumerate(ranked[:verify_top]):
+            simulated[i] = time_program(generate(spec, c.split, c.tiles, config), config).total_s
+        best = min(simulated, key=simulated.get)
+        ranked = [ranked[best]] + ranked[:best] + ranked[best + 1:]
+        simulated = {0: simulated[best], **{i + (1 if i < best else 0): t for i, t in simulated.items() if i != best}}
     best = ranked[0]
     program = generate(spec, best.split, best.tiles, config)
-    decisions = _decisions(spec, config, ranked)
+    decisions = _decisions(spec, config, ranked, simulated)
     program.metadata["decisions"] = decisions.to_dict()
     return program, decisions
 
@@ -1238,7 +1274,8 @@ def plan_for_split(spec: MatmulSpec, split: Split, config: CardConfig) -> _Choic
     return c
 
 
-def _decisions(spec: MatmulSpec, cfg: CardConfig, ranked: list[_Choice]) -> KernelDecisions:
+def _decisions(spec: MatmulSpec, cfg: CardConfig, ranked: list[_Choice],
+               simulated: dict[int, float] | None = None) -> KernelDecisions:
     p = _check(spec)
     best = ranked[0]
     s, t = best.split, best.tiles
@@ -1260,12 +1297,26 @@ def _decisions(spec: MatmulSpec, cfg: CardConfig, ranked: list[_Choice]) -> Kern
                     "buffers": {b.name: b.aligned_bytes for b in sp_plan.buffers}}
     d.overlap = {"double_buffered": [b.name[:-1] for b in sp_plan.buffers if b.name.endswith("0")],
                  "accumulate": "fp32 in scratchpad, one rounding to " + p.out_dtype, "estimate": best.est.to_dict()}
+    simulated = simulated or {}
     seen = set()
-    for c in ranked[:8] + [c for c in ranked if c.split.k == 1][:1]:
+    picks = list(range(min(8, len(ranked)))) + [i for i, c in enumerate(ranked) if c.split.k == 1][:1]
+    for i in picks:
+        c = ranked[i]
         if str(c.split) in seen:
             continue
         seen.add(str(c.split))
-        d.alternatives.append({"split": str(c.split), "tiles": str(c.tiles), "estimate_us": round(c.est.total_s * 1e6, 2)})
+        alt = {"split": str(c.split), "tiles": str(c.tiles), "estimate_us": round(c.est.total_s * 1e6, 2)}
+        if i in simulated:
+            alt["simulated_us"] = round(simulated[i] * 1e6, 2)
+        d.alternatives.append(alt)
+    naive = naive_split(spec, cfg)
+    nc = _best_tiles(p, naive, cfg) if _span_ok(p, naive, cfg) else None
+    if nc is not None:
+        d.alternatives.append({"split": f"{naive} (naive: output rows only)", "tiles": str(nc.tiles),
+                               "estimate_us": round(nc.est.total_s * 1e6, 2)})
+    if simulated:
+        d.notes.append(f"plan verified: the cost model's {len(simulated)} cheapest plans timed on the card model; "
+                       "the fastest kept")
     d.notes += _layout_notes(p, spec, cfg, best)
     return d
 
