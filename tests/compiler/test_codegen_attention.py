@@ -3,7 +3,6 @@ tolerances; causal/padding masks, GQA, odd lengths, views; decisions, timing san
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 

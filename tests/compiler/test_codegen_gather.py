@@ -178,6 +178,15 @@ def test_stick_patterns_cover_each_stick_once():
 # ---------------------------------------------------------------------------------------------
 # Bad specs
 # ---------------------------------------------------------------------------------------------
+def test_source_view_merging_dims_needs_a_relayout(config):
+    """A [3, 5, 64] table viewed as [15, 64]: in the stick layout rows 4 and 5 are not one stride apart."""
+    src = TensorArg("w", StickLayout((3, 5, 64), -1, "dlfloat16"), (15, 64), (64, 1))
+    spec = GatherSpec("embedding", src, TensorArg.contiguous("i", (4,), torch.int64),
+                      TensorArg.contiguous("o", (4, 64), torch.float16))
+    with pytest.raises(CodegenError, match="not a fixed set of sticks .* relayout"):
+        build_gather(spec, config)
+
+
 @pytest.mark.parametrize("make,message", [
     (lambda: GatherSpec.embedding(10, 64, (4,), index_dtype=torch.float32), "unsupported dtype|int64 or int32"),
     (lambda: GatherSpec("embedding", TensorArg.contiguous("w", (10, 64), torch.float16),

@@ -57,7 +57,6 @@ from torch_spyre.compiler.codegen_gather import (
     TensorArg,
     check_owns_sticks,
     core_ids,
-    device_dtype_of,
     dma_tile,
     dram_runs,
     sp_bytes,
@@ -387,7 +386,7 @@ def _row0(arg: TensorArg, batches: int, heads: int) -> tuple[np.ndarray, np.ndar
     return (dev // arg.lanes).reshape(batches, heads), (dev % arg.lanes).reshape(batches, heads)
 
 
-def _lane_table(arg: TensorArg, batches: int, heads: int, ncols: int = 0) -> np.ndarray:
+def _lane_table(arg: TensorArg, batches: int, heads: int) -> np.ndarray:
     """[B, H] lane offset of each (batch, head)'s rows; rows stacked in one tile must share it."""
     return _row0(arg, batches, heads)[1]
 
@@ -426,7 +425,7 @@ def _candidates(dims: _Dims, spec: AttentionSpec) -> list[Tiling]:
     """Tilings to consider: block sizes no bigger than the lengths need, heads of one GQA group and
     batches stacked only when their Q rows share a lane offset (e.g. heads of 32 elements in a fused qkv
     buffer start at lanes 0 and 32: those cannot share a tile)."""
-    lanes = _lane_table(spec.query, dims.B, dims.Hq, dims.D)
+    lanes = _lane_table(spec.query, dims.B, dims.Hq)
 
     def uniform(nb: int, g: int) -> bool:
         return all(np.unique(lanes[b:b + nb, h:h + g]).size == 1

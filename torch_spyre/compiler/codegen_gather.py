@@ -24,7 +24,7 @@ sets so the next chunk's loads overlap this chunk's store.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -335,10 +335,8 @@ def _normalise(spec: GatherSpec) -> _Plan:
         if r != 2 or dim != 0:
             raise CodegenError(f"embedding weight %{src.name} must be 2-d [num_embeddings, dim], got {list(src.shape)}")
         want = (*spec.index.shape, src.shape[1])
-        coord_map = tuple((d, d) for d in range(len(spec.index.shape))) or ((0, 0),)
-        if not spec.index.shape:
-            want = (src.shape[1],)
-            coord_map = ()
+        # Index dim d is out dim d (a 0-d index: its one position has no coordinate in out).
+        coord_map = tuple((d, d) for d in range(len(spec.index.shape)))
     elif spec.kind == "index_select":
         if len(idx.shape) != 1:
             raise CodegenError(f"index_select index %{idx.name} must be 1-d, got shape {list(spec.index.shape)}")
@@ -406,18 +404,32 @@ def _key_coords(shape: tuple[int, ...], dims: list[int]) -> np.ndarray:
     return np.stack([g.reshape(-1) for g in np.indices(sizes)], axis=1).astype(np.int64)
 
 
+ROW_CHECK_LIMIT = 1 << 16  # source rows whose sticks are checked one by one (beyond: a spread sample)
+
+
+def _rows_to_check(num_rows: int, keys: int) -> np.ndarray:
+    """The rows whose sticks are computed to verify that row i is ``i * stride + P``: all of them for
+    tables up to ROW_CHECK_LIMIT (rows x keys), else the first and last thousand and an even spread
+    (a view that merges dims breaks the pattern at dim boundaries, which the first rows already show)."""
+    if num_rows * keys <= ROW_CHECK_LIMIT:
+        return np.arange(num_rows, dtype=np.int64)
+    n = max(2, ROW_CHECK_LIMIT // (3 * keys))
+    spread = np.linspace(0, num_rows - 1, n).astype(np.int64)
+    return np.unique(np.r_[np.arange(min(n, num_rows)), spread, np.arange(max(0, num_rows - n), num_rows)])
+
+
 def _source_rows(p: _Plan) -> _RowSticks:
     src, dim = p.source, p.dim
     rank = len(src.shape)
     keys = _key_coords(src.shape, _other_dims(rank, {dim}))
-    rows = np.arange(p.num_rows, dtype=np.int64)
+    rows = _rows_to_check(p.num_rows, len(keys))
     lead = np.insert(np.repeat(keys[None], len(rows), 0), dim, rows[:, None], axis=2).reshape(-1, rank - 1)
     dev, lane0 = src.row_sticks(lead, 0, src.shape[-1])
     if lane0 != 0:
         raise CodegenError(f"gather source %{src.name}: its rows start at lane {lane0} of a stick, so the gathered "
                            "sticks would land at other lanes than the output's; relayout the source first")
     dev = dev.reshape(len(rows), -1)
-    stride = int(dev[1, 0] - dev[0, 0]) if len(rows) > 1 else 0
+    stride = int(dev[1, 0] - dev[0, 0]) if len(rows) > 1 else 0  # rows[:2] are 0 and 1
     if not np.array_equal(dev, dev[0][None, :] + rows[:, None] * stride):
         raise CodegenError(f"gather source %{src.name}: rows along dim {dim} are not a fixed set of sticks at a "
                            "fixed stride in its layout; relayout the source (e.g. to a contiguous default layout)")
