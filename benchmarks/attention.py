@@ -25,6 +25,7 @@ from benchmarks.programs import run_on_card  # noqa: E402
 from torch_spyre.card import Card, load_config  # noqa: E402
 from torch_spyre.card.layout import StickLayout  # noqa: E402
 from torch_spyre.card.timing import time_program  # noqa: E402
+from torch_spyre.card.validate import validate  # noqa: E402
 from torch_spyre.compiler.codegen_attention import AttentionSpec, build_attention  # noqa: E402
 from torch_spyre.compiler.codegen_gather import GatherSpec, TensorArg, build_gather  # noqa: E402
 
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.perf_counter()
             program, decisions = builder(spec, config)
             build_s = time.perf_counter() - t0
+            validate(program, config)
             err = check(card, spec, program) if card is not None else None
             rows.append(_row(name, program, decisions, build_s, config, err))
 
