@@ -499,17 +499,21 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _factors(extent: int, cores: int) -> list[int]:
+    """Ways to cut one dimension: divisors of the card's core count (the usual, even divisions) and of
+    the extent itself (12 heads on 12 or 24 cores), never more pieces than the extent has."""
+    return sorted({d for d in _divisors(cores) + _divisors(extent) if d <= min(extent, cores)})
+
+
 def _splits(p: _Problem, cfg: CardConfig) -> list[Split]:
-    """Every split whose core count divides the card's cores and that gives each core work."""
-    out = []
-    for total in _divisors(cfg.num_cores):
-        for pb in _divisors(total):
-            for pm in _divisors(total // pb):
-                for pn in _divisors(total // pb // pm):
-                    pk = total // pb // pm // pn
+    """Every split over at most the card's cores that gives each core work."""
+    n, out = cfg.num_cores, []
+    for pb in _factors(p.batch, n):
+        for pm in _factors(p.M, n // pb):
+            for pn in _factors(p.n_units, n // pb // pm):
+                for pk in _factors(p.k_units, n // pb // pm // pn):
                     s = Split(pb, pm, pn, pk)
-                    if pb <= p.batch and pm <= p.M and pn <= p.n_units and pk <= p.k_units \
-                            and _assign(p, s, cfg) is not None:
+                    if _assign(p, s, cfg) is not None:
                         out.append(s)
     return out
 
