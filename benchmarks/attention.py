@@ -35,13 +35,17 @@ def minilm(batch: int) -> AttentionSpec:
     return AttentionSpec.build(batch, 12, 128, 32, name=f"minilm_b{batch}")
 
 
-def minilm_fused_qkv(batch: int) -> AttentionSpec:
-    """The same, reading q, k, v in place from the fused projection [B, L, 3 * 384] (no transposes)."""
+def minilm_fused_qkv(batch: int, torch_style_out: bool = False) -> AttentionSpec:
+    """The same, reading q, k, v in place from the fused projection [B, L, 3 * 384] (no transposes); the
+    output either [B, H, L, D] or, as torch's CPU attention returns it, a view of [B, L, 384]."""
     B, L, H, D = batch, 128, 12, 32
     lay = StickLayout((B, L, 3 * H * D), 2, "dlfloat16")
     strides = (L * 3 * H * D, D, 3 * H * D, 1)
     q, k, v = (TensorArg("qkv", lay, (B, H, L, D), strides, part * H * D) for part in range(3))
-    return AttentionSpec(q, k, v, TensorArg.contiguous("out", (B, H, L, D), torch.float16), name=f"minilm_qkv_b{batch}")
+    out = TensorArg.contiguous("out", (B, H, L, D), torch.float16)
+    if torch_style_out:
+        out = TensorArg("out", StickLayout((B, L, H * D), 2, "dlfloat16"), (B, H, L, D), (L * H * D, D, H * D, 1))
+    return AttentionSpec(q, k, v, out, name=f"minilm_qkv_b{batch}")
 
 
 def llama(causal: bool) -> AttentionSpec:
@@ -53,6 +57,7 @@ ATTENTION_CASES: dict[str, Callable[[], AttentionSpec]] = {
     "MiniLM B=1 H=12 L=128 D=32": lambda: minilm(1),
     "MiniLM B=32 H=12 L=128 D=32": lambda: minilm(32),
     "MiniLM B=32, q/k/v views of fused qkv": lambda: minilm_fused_qkv(32),
+    "MiniLM B=32, fused qkv in, [B, L, 384] out": lambda: minilm_fused_qkv(32, torch_style_out=True),
     "Llama H=32 Hkv=8 L=1024 D=64 causal": lambda: llama(True),
     "Llama H=32 Hkv=8 L=1024 D=64 full": lambda: llama(False),
     "Llama decode: 1 query, 4096 keys, B=1": lambda: AttentionSpec.build(1, 32, 1, 64, kv_heads=8, seq_k=4096,
@@ -79,7 +84,8 @@ def _check_attention(card: Card, spec: AttentionSpec, program: Any) -> float:
 
     ref = F.scaled_dot_product_attention(view(spec.query), view(spec.key), view(spec.value),
                                          is_causal=spec.is_causal, enable_gqa=spec.enable_gqa)
-    return (out[spec.out.name] - ref).abs().max().item()
+    got = torch.as_strided(out[spec.out.name], spec.out.shape, spec.out.strides, spec.out.storage_offset)
+    return (got - ref).abs().max().item()
 
 
 def _check_gather(card: Card, spec: GatherSpec, program: Any) -> float:

@@ -222,6 +222,7 @@ class Tiling:
     heads_per_tile: int  # query heads of one GQA group stacked in a tile
     batches_per_tile: int = 1  # batches stacked too: IBM's layout interleaves batch stick by stick
     lane_heads: int = 1  # heads side by side in the same sticks (e.g. heads of 32 in a fused qkv buffer)
+    pack_out: bool = False  # the lane heads' outputs share sticks too: stored together, one row per stick row
 
     def rows(self) -> int:
         return self.block_q * self.heads_per_tile * self.batches_per_tile * self.lane_heads
@@ -317,7 +318,8 @@ def _item_cycles(cfg: CardConfig, dims: _Dims, it: WorkItem, has_mask: bool) -> 
     return max(pe, vec) + _vector_cycles(cfg, it.rows * dims.Dv, 4)
 
 
-def _dram_seconds(cfg: CardConfig, spec: AttentionSpec, dims: _Dims, items: list[WorkItem], mask: TensorArg | None) -> float:
+def _dram_seconds(cfg: CardConfig, spec: AttentionSpec, dims: _Dims, t: Tiling, items: list[WorkItem],
+                  mask: TensorArg | None) -> float:
     """DRAM time of all items (shared by every core): bytes at the read/write bandwidths, each contiguous
     burst paying the configured overhead (measured on the first item's actual stick sets)."""
     it = items[0]
@@ -330,7 +332,8 @@ def _dram_seconds(cfg: CardConfig, spec: AttentionSpec, dims: _Dims, items: list
 
     cols = _member_cols(spec, dims, it)
     q = cost(spec.query, it.stacked, it.q0, it.nq, cols["q"])
-    o = cost(spec.out, it.heads, it.q0, it.nq, dims.Dv)
+    o = (cost(spec.out, it.stacked, it.q0, it.nq, dims.Dv * it.members) if t.pack_out
+         else cost(spec.out, it.heads, it.q0, it.nq, dims.Dv))
     kv = (cost(spec.key, it.kv_heads[:1], k0, nk, cols["k"]) + cost(spec.value, it.kv_heads[:1], k0, nk, cols["v"])) / nk
     m = 0.0
     if mask is not None:
@@ -366,7 +369,7 @@ def _estimate(cfg: CardConfig, spec: AttentionSpec, dims: _Dims, t: Tiling, mask
     cycles = [_item_cycles(cfg, dims, it, mask is not None) for it in items]
     n_cores = min(cfg.num_cores, len(items))
     compute_s = max(sum(cycles[i] for i in core) for core in _assign(cycles, n_cores)) / cfg.clock_hz
-    dram_s = _dram_seconds(cfg, spec, dims, items, mask)
+    dram_s = _dram_seconds(cfg, spec, dims, t, items, mask)
     longest = max(items, key=lambda it: len(it.k_blocks))
     # The pipeline fills once per core: first loads, then one block's QK^T and softmax with nothing beside.
     compute_s += 2 * cfg.dram_latency_s + sum(_block_cycles(cfg, dims, longest, longest.k_blocks[0][1],
@@ -421,6 +424,25 @@ def _lane_packable(spec: AttentionSpec, dims: _Dims, P: int) -> bool:
     return True
 
 
+def _out_rows_shared(spec: AttentionSpec, dims: _Dims) -> bool:
+    """Do heads' output rows share sticks (e.g. out a [B, H, L, 32] view of a [B, L, H * 32] buffer, the
+    layout torch's own CPU attention returns)? Then only a tile holding all of a stick's heads may store it."""
+    lay = spec.out.layout
+    lanes = _row0(spec.out, dims.B, dims.Hq)[1]
+    extent = lay.host_shape[lay.stick_dim]
+    ends_at_padding = (spec.out.storage_offset // lay.host_strides[lay.stick_dim]) % extent + dims.Dv == extent
+    return bool((lanes != 0).any() or (dims.Dv % spec.out.lanes and not ends_at_padding))
+
+
+def _out_packable(spec: AttentionSpec, dims: _Dims, P: int) -> bool:
+    """Output rows of ``P`` consecutive heads start in one stick at lanes 0, Dv, 2 Dv, ... ."""
+    if dims.Hq % P:
+        return False
+    st, ln = _row0(spec.out, dims.B, dims.Hq)
+    return all((st[:, h0:h0 + P] == st[:, [h0]]).all() and (ln[:, h0:h0 + P] == dims.Dv * np.arange(P)).all()
+               for h0 in range(0, dims.Hq, P))
+
+
 def _candidates(dims: _Dims, spec: AttentionSpec) -> list[Tiling]:
     """Tilings to consider: block sizes no bigger than the lengths need, heads of one GQA group and
     batches stacked only when their Q rows share a lane offset (e.g. heads of 32 elements in a fused qkv
@@ -437,8 +459,18 @@ def _candidates(dims: _Dims, spec: AttentionSpec) -> list[Tiling]:
     nbs = [spec.batches_per_tile] if spec.batches_per_tile else [n for n in range(1, dims.B + 1) if dims.B % n == 0]
     lane_p = spec.query.lanes // dims.D if dims.D < spec.query.lanes else 1
     ps = [spec.lane_heads_per_tile] if spec.lane_heads_per_tile else [1, lane_p] if lane_p > 1 else [1]
-    out = [Tiling(q, k, g, n, p) for q in bq for k in bk for g in gs for n in nbs for p in ps
+    shared_out = _out_rows_shared(spec, dims)
+    out = [Tiling(q, k, g, n, p, p > 1 and _out_packable(spec, dims, p))
+           for q in bq for k in bk for g in gs for n in nbs for p in ps
            if dims.group % g == 0 and uniform(n, g) and (p == 1 or (g == 1 and _lane_packable(spec, dims, p)))]
+    if shared_out:  # heads' outputs share sticks: only tiles holding all of a stick's heads can store them
+        out = [t for t in out if t.pack_out]
+        if not out:
+            raise CodegenError(
+                f"sdpa out %{spec.out.name}: each head's output rows share their sticks with other heads, and "
+                "q/k/v do not let those heads share a tile (they would need q, k, v with the same heads side "
+                "by side in sticks); stores move whole sticks, so write into a fresh buffer in the default "
+                "layout and copy (relayout) into this view")
     if not out:
         raise CodegenError(f"sdpa {spec.name}: heads_per_tile={spec.heads_per_tile}, batches_per_tile="
                            f"{spec.batches_per_tile}, lane_heads_per_tile={spec.lane_heads_per_tile} do not divide the "
@@ -466,7 +498,7 @@ def _row_widths(spec: AttentionSpec, dims: _Dims, t: Tiling) -> dict[str, int]:
     return {"q": _row_lanes(spec.query, dims.D * p, _lane_table(spec.query, dims.B, dims.Hq)),
             "k": _row_lanes(spec.key, dims.D * p, _lane_table(spec.key, dims.B, dims.Hkv)),
             "v": _row_lanes(spec.value, dims.Dv * p, _lane_table(spec.value, dims.B, dims.Hkv)),
-            "o": _ceil_to(dims.Dv, spec.out.lanes)}
+            "o": _ceil_to(dims.Dv * (p if t.pack_out else 1), spec.out.lanes)}
 
 
 def _mask_tile_dims(mask: TensorArg, t: Tiling) -> tuple[int, int, int]:
@@ -586,10 +618,11 @@ class _CoreEmitter:
             z = t.block_q + t.block_k
             self.ins += [_ew("copy", self.sp("causal", "float32", (z,)), 0.0),
                          _ew("copy", self.sp("causal", "float32", (z,), elem_offset=z), NEG_INF)]
-        wo = _ceil_to(d.Dv, self.spec.out.lanes)
-        if wo > d.Dv:  # output padding lanes are stored with the row: give them a value once
+        cols, rows = (d.Dv * t.lane_heads, t.rows() // t.lane_heads) if t.pack_out else (d.Dv, t.rows())
+        wo = _ceil_to(cols, self.spec.out.lanes)
+        if wo > cols:  # output padding lanes are stored with the row: give them a value once
             for p in range(2):
-                self.ins.append(_ew("copy", self.sp(f"o{p}", d.dtype, (t.rows(), wo - d.Dv), (wo, 1), d.Dv), 0.0))
+                self.ins.append(_ew("copy", self.sp(f"o{p}", d.dtype, (rows, wo - cols), (wo, 1), cols), 0.0))
 
     def _load(self, arg: TensorArg, bufname: str, batches: tuple[int, ...], heads: tuple[int, ...], r0: int, n: int,
               ncols: int) -> tuple[int, int]:
@@ -711,11 +744,30 @@ class _CoreEmitter:
         if self.mask is not None:  # a row that saw no key has l = 0 (and acc = 0): out 0, not NaN
             self.ins.append(_ew("maximum", l, l, L_FLOOR))
         self.ins.append(_ew("reciprocal", l, l))
+        if self.t.pack_out:
+            self._store_packed(st, acc, l)
+            return
         wo = _ceil_to(d.Dv, spec.out.lanes)
         self.ins.append(_ew("mul", self.sp(f"o{st.parity}", d.dtype, (it.rows, d.Dv), (wo, 1)), acc,
                             _bcast_rows(l, d.Dv)))
         dev, lane0 = _tile_sticks(spec.out, it.batches, it.heads, it.q0, it.nq, 0, d.Dv)
         check_owns_sticks(spec.out, lane0, d.Dv, "sdpa out")
+        self.ins += dma_tile(spec.out, dev, self.buf[f"o{st.parity}"], store=True)
+
+    def _store_packed(self, st: _Step, acc: SpTensor, l: SpTensor) -> None:
+        """Lane heads whose outputs share sticks: each head's result goes to its lanes of one row of
+        sticks, and the pack's rows are stored whole."""
+        d, spec, it = self.dims, self.spec, st.item
+        P, sub, cols = it.members, it.sub_rows, d.Dv * it.members
+        wo = _ceil_to(cols, spec.out.lanes)
+        for i in range(len(it.batches)):
+            for m in range(P):
+                r0 = (i * P + m) * sub
+                o = self.sp(f"o{st.parity}", d.dtype, (sub, d.Dv), (wo, 1), i * sub * wo + m * d.Dv)
+                a = SpTensor(acc.offset + r0 * d.Dv * 4, "float32", (sub, d.Dv))
+                self.ins.append(_ew("mul", o, a, _bcast_rows(SpTensor(l.offset + r0 * 4, "float32", (sub, 1)), d.Dv)))
+        dev, lane0 = _tile_sticks(spec.out, it.batches, it.stacked, it.q0, it.nq, 0, cols)
+        check_owns_sticks(spec.out, lane0, cols, "sdpa out")
         self.ins += dma_tile(spec.out, dev, self.buf[f"o{st.parity}"], store=True)
 
 
