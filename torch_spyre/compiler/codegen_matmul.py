@@ -617,6 +617,14 @@ def _vector_cycles(cfg: CardConfig, elements: int, itemsize: int) -> int:
     return -(-elements * itemsize // (2 * cfg.vector_fp16_per_cycle * cfg.corelets_in_use))
 
 
+def _counted(sizes: list[int]) -> list[tuple[int, int]]:
+    """Distinct sizes with how often they occur (tiles are all full but the last)."""
+    out: dict[int, int] = {}
+    for x in sizes:
+        out[x] = out.get(x, 0) + 1
+    return list(out.items())
+
+
 def _pieces(total: int, step: int) -> list[int]:
     return [min(step, total - s) for s in range(0, total, step)]
 
@@ -677,9 +685,9 @@ def estimate(p: _Problem, s: Split, t: Tiles, cfg: CardConfig, traffic: _SplitTr
     sh = _core_shape(p, s, t, w0)
     clock = cfg.clock_hz
     # --- PE: separable sums over the tiles of the largest core
-    rows = _row_pieces(p, t, w0)
-    kp, np_ = _pieces(w0.kcols[1], sh.kt_el), _pieces(w0.ncols[1], sh.nt_el)
-    per_pass = sum(_matmul_cycles(cfg, r, k, n) for r in rows for k in kp for n in np_)
+    rows = _counted(_row_pieces(p, t, w0))
+    kp, np_ = _counted(_pieces(w0.kcols[1], sh.kt_el)), _counted(_pieces(w0.ncols[1], sh.nt_el))
+    per_pass = sum(_matmul_cycles(cfg, r, k, n) * cr * ck * cn for r, cr in rows for k, ck in kp for n, cn in np_)
     pe_cycles = per_pass * (1 if p.b_shared else sh.groups)
     elems_out = sh.group_rows * w0.ncols[1] * (1 if p.b_shared else sh.groups)
     # --- vector: epilogue, K-split adds, transposes
