@@ -203,10 +203,27 @@ def _make_scheduling():
                 n.mark_run()
             wrapper = V.graph.wrapper_code
             name = wrapper.next_spyre_kernel_name(nodes)
-            spec = kernel_ir.kernel_spec(name, nodes, real_name=self._real_name)
+            local = self._kernel_local_buffers(nodes)
+            spec = kernel_ir.kernel_spec(name, nodes, real_name=self._real_name, internal=local)
+            V.graph.removed_buffers |= local
             wrapper.define_spyre_kernel(spec)
             wrapper.call_spyre_kernel(spec)
             self.free_buffers_in_scheduler()
+
+        def _kernel_local_buffers(self, nodes) -> set[str]:
+            """Buffers written and last read inside this kernel: they stay in scratchpad (Inductor's
+            ``can_buffer_be_removed_through_fusion`` decides, as for its own kernels)."""
+            from torch.utils._ordered_set import OrderedSet
+
+            fused = OrderedSet(n.get_name() for n in nodes)
+            outputs = set(V.graph.get_output_names())
+            local = set()
+            for n in nodes:
+                for buf in n.get_outputs():
+                    name = buf.get_name()
+                    if name not in outputs and self.scheduler.can_buffer_be_removed_through_fusion(name, fused):
+                        local.add(name)
+            return local
 
         @staticmethod
         def _real_name(name: str) -> str:

@@ -363,6 +363,8 @@ class AccessInTile:
     valid: np.ndarray | None  # where the access is used (guards); None = everywhere
     sticks: access.StickSet | None = None
     alias: int | None = None  # a load served from a value of this kernel
+    same_as: int | None = None  # a load of exactly the same elements as an earlier load: shares its sticks
+    host: np.ndarray | None = None  # host element indices (relative to the view)
 
 
 @dataclass
@@ -490,6 +492,15 @@ class KernelGen:
             for g in v.attrs.get("guards", []):
                 m = static(g, outer) != 0
                 valid = m if valid is None else (valid & m)
+            internal = v.attrs["buffer"] in self.spec.internal
+            if internal:  # a buffer that lives only in this kernel: host indices, for the alias check
+                a = AccessInTile(gid, v.attrs["buffer"], "outer" if outer else "full", idx, valid, host=idx)
+                if v.op == "load":
+                    a.alias = self.aliases.get(gid) if hasattr(self, "aliases") else self._internal_alias(v, ch, idx, outer)
+                    if a.alias is None:
+                        raise LoweringError(f"kernel {spec.name}: {v.attrs['buffer']} is read before it is written")
+                ch.accesses[gid] = a
+                continue
             place = self.places[v.attrs["buffer"]]
             if valid is not None and not valid.any():
                 ch.accesses[gid] = AccessInTile(gid, v.attrs["buffer"], "outer" if outer else "full",
@@ -497,23 +508,41 @@ class KernelGen:
                 continue
             safe_idx = idx if valid is None else np.where(valid, idx, idx[valid].flat[0])
             dev = access.device_elements(place, safe_idx, f"{'load from' if v.op == 'load' else 'store to'} {v.attrs['buffer']}")
-            a = AccessInTile(gid, v.attrs["buffer"], "outer" if outer else "full", dev, valid)
+            a = AccessInTile(gid, v.attrs["buffer"], "outer" if outer else "full", dev, valid, host=idx)
             if hasattr(self, "aliases"):
                 a.alias = self.aliases.get(gid)
             elif v.op == "load":
-                a.alias = self._internal_alias(v, ch, dev, outer)
+                a.alias = self._internal_alias(v, ch, idx, outer)
             if a.alias is None:
                 a.sticks = access.stick_set(place, dev, valid)
             ch.accesses[gid] = a
+        self._dedupe_loads(ch)
         statics = self._static_consumers()
         full_static = {g: static(g, False) for g in statics if self._used_in(g, "full")}
         outer_static = {g: static(g, True) for g in statics if self._used_in(g, "outer")}
         if not outer_only:
-            full_acc = [a for a in ch.accesses.values() if a.alias is None and dag.values[a.gid].extent == "full"
+            full_acc = [a for a in ch.accesses.values() if a.alias is None and a.same_as is None
+                        and a.sticks is not None and dag.values[a.gid].extent == "full"
                         and (dag.values[a.gid].op == "load" or dag.values[dag.values[a.gid].args[0]].extent == "full")]
             ch.full_boxes = self.partition(full_shape, full_acc, full_static)
-        outer_acc = [a for a in ch.accesses.values() if a.alias is None and a.extent == "outer"]
+        outer_acc = [a for a in ch.accesses.values()
+                     if a.alias is None and a.same_as is None and a.sticks is not None and a.extent == "outer"]
         ch.outer_boxes = self.partition(tuple(ch.xs), outer_acc, outer_static)
+
+    def _dedupe_loads(self, ch: Chunk) -> None:
+        """Loads of the same elements of the same buffer (Inductor repeats a load in every node that
+        reads it) share one DMA and one scratchpad buffer."""
+        seen: dict[tuple, int] = {}
+        for gid in sorted(ch.accesses):
+            a = ch.accesses[gid]
+            if self.dag.values[gid].op != "load" or a.alias is not None or a.sticks is None:
+                continue
+            key = (a.buffer, a.extent, a.device.shape, a.device.tobytes(),
+                   None if a.valid is None else a.valid.tobytes())
+            if key in seen:
+                a.same_as, a.sticks = seen[key], None
+            else:
+                seen[key] = gid
 
     def _used_in(self, gid: int, extent: str) -> bool:
         for v in self.dag.values:
@@ -522,8 +551,9 @@ class KernelGen:
                     return True
         return False
 
-    def _internal_alias(self, v: Value, ch: Chunk, dev: np.ndarray, outer: bool) -> int | None:
+    def _internal_alias(self, v: Value, ch: Chunk, host: np.ndarray, outer: bool) -> int | None:
         """A load of a buffer an earlier node of this kernel stores, at the same elements: the stored value."""
+        dev = host
         for sgid in self.dag.stored.get(v.attrs["buffer"], []):
             if sgid > v.gid:
                 continue
@@ -532,7 +562,7 @@ class KernelGen:
             sa = ch.accesses.get(sgid)
             if sa is None:
                 continue
-            target = sa.device
+            target = sa.host
             if src.extent == "outer" and not outer:
                 target = np.broadcast_to(target.reshape(tuple(ch.xs) + (1,) * len(ch.rs)), dev.shape)
             if target.shape == dev.shape and np.array_equal(target, dev):
@@ -760,6 +790,7 @@ class PointwiseGenerator(KernelGen):
             raise LoweringError(f"kernel {spec.name} has an empty iteration space; the wrapper skips it")
         self.aliases = self._find_aliases()
         self.dag.set_aliases(self.aliases)
+        self.direct, self.elided = self._direct_stores()
         cboxes = self._divide()
         tried = []
         tx = list(cboxes[0][1])
@@ -803,7 +834,7 @@ class PointwiseGenerator(KernelGen):
         sizes = list(self.spec.x_sizes)
         cores = self.config.num_cores
         unit = max(self.factors) if self.factors else 64
-        for u in (unit, sizes[-1] if sizes else 1, 1):
+        for u in (1, unit, sizes[-1] if sizes else 1):
             cboxes = core_boxes(sizes, split_counts(sizes, cores, u), u)
             if len(cboxes) <= 1 or self._owners_disjoint(cboxes):
                 self.division = {"unit": u}
@@ -812,7 +843,7 @@ class PointwiseGenerator(KernelGen):
         return core_boxes(sizes, [1] * len(sizes), 1)
 
     def _owners_disjoint(self, cboxes) -> bool:
-        for v in (v for v in self.dag.values if v.op == "store"):
+        for v in (v for v in self.dag.values if v.op == "store" and v.attrs["buffer"] not in self.spec.internal):
             outer = self.dag.values[v.args[0]].extent == "outer"
             place = self.places[v.attrs["buffer"]]
             sticks = []
@@ -942,7 +973,8 @@ class PointwiseGenerator(KernelGen):
         ch = s.chunk
         bxs = ch.full_boxes if s.kind == "full" else ch.outer_boxes
         self._views: dict[tuple[int, int], Any] = {}
-        stores = [g for g in s.values if self.dag.values[g].op == "store"]
+        stores = [g for g in s.values if self.dag.values[g].op == "store"
+                  and self.dag.values[g].attrs["buffer"] not in self.spec.internal]
         for g in stores:
             self._prepare_store(g, ch, out)
         for g in s.values:
@@ -950,8 +982,12 @@ class PointwiseGenerator(KernelGen):
             if v.op == "reduction":
                 self._emit_reduction(v, s, bxs, out)
             elif v.op == "store":
+                if g in self.direct.values() or v.attrs["buffer"] in self.spec.internal:
+                    continue  # its value was computed into the staging sticks
                 for bi, b in enumerate(bxs):
                     self._emit_store_box(v, s, b, bi, out)
+            elif g in self.elided:
+                continue
             elif self._materialized(v):
                 for bi, b in enumerate(bxs):
                     self._emit_value_box(v, s, b, bi, out)
@@ -960,6 +996,32 @@ class PointwiseGenerator(KernelGen):
             for first, rank, pat in access.stick_patterns(a.sticks.sticks):
                 self._add(out, DmaStore, dst=Addr(a.buffer, first * STICK_BYTES),
                           sp_offset=Sym(f"st{g}", rank * STICK_BYTES, "uint8", (1,), (1,)), pattern=pat)
+
+    def _direct_stores(self) -> tuple[dict[int, int], set[int]]:
+        """Values whose only use is a store are computed straight into the store's staging sticks (the
+        vector unit rounds on write, which is what the cast before a store does): value gid -> store
+        gid, and the casts made unnecessary that way."""
+        users: dict[int, int] = {}
+        for v in self.dag.values:
+            for a in set(self.dag.inputs(v)) | set(v.attrs.get("guards", [])):
+                users[a] = users.get(a, 0) + 1
+        for g, src in self.aliases.items():
+            users[src] = users.get(src, 0) + 1
+        direct, elided = {}, set()
+        for st in (v for v in self.dag.values if v.op == "store" and v.attrs["buffer"] not in self.spec.internal):
+            v = self.dag.values[st.args[0]]
+            if users.get(v.gid) != 1 or v.op == "reduction" or not self._materialized(v) or v.guards:
+                continue
+            if v.op == "to_dtype":
+                u = self.dag.values[v.args[0]]
+                if (users.get(u.gid) == 1 and self._materialized(u) and u.op != "reduction" and not u.guards
+                        and u.sp_dtype == "float32" and v.sp_dtype in ("dlfloat16", "float32")
+                        and self.places[st.attrs["buffer"]].layout.device_dtype == v.sp_dtype):
+                    direct[u.gid] = st.gid
+                    elided.add(v.gid)
+                    continue
+            direct[v.gid] = st.gid
+        return direct, elided
 
     def _materialized(self, v: Value) -> bool:
         if v.extent in ("static", "scalar"):
@@ -1015,6 +1077,8 @@ class PointwiseGenerator(KernelGen):
         if v.op == "load":
             owner = s.load_from  # type: ignore[attr-defined]
             a = owner.chunk.accesses[gid]
+            if a.same_as is not None:
+                gid, a = a.same_as, owner.chunk.accesses[a.same_as]
             if gid not in box.views:
                 raise LoweringError(f"kernel {self.spec.name}: load {gid} has no view in this box")
             base, strides = box.views[gid]
@@ -1043,7 +1107,7 @@ class PointwiseGenerator(KernelGen):
     def _emit_value_box(self, v: Value, s: Step, box: Box, bi: int, out: list[SymInstr]) -> None:
         if self._guarded_off(v, box):
             return  # the value does not exist here (a masked branch that is not taken)
-        dst = self.view(v.gid, s, box)
+        dst = self._staging_view(self.direct[v.gid], s, box) if v.gid in self.direct else self.view(v.gid, s, box)
         ins = [self.view(a, s, box) if _is_ref(a) else Scalar(a) for a in v.args]
         op = v.op
         if op == "to_dtype":
@@ -1116,12 +1180,15 @@ class PointwiseGenerator(KernelGen):
                 self._add(out, DmaLoad, src=Addr(a.buffer, first * STICK_BYTES),
                           sp_offset=Sym(f"st{g}", rank * STICK_BYTES, "uint8", (1,), (1,)), pattern=pat)
 
-    def _emit_store_box(self, v: Value, s: Step, box: Box, bi: int, out: list[SymInstr]) -> None:
-        a = s.chunk.accesses[v.gid]
+    def _staging_view(self, store_gid: int, s: Step, box: Box) -> Sym:
+        a = s.chunk.accesses[store_gid]
         place = self.places[a.buffer]
-        base, strides = box.views[v.gid]
+        base, strides = box.views[store_gid]
         shape, _ = box.refined
-        dst = Sym(f"st{v.gid}", base * place.itemsize, place.layout.device_dtype, shape, strides)
+        return Sym(f"st{store_gid}", base * place.itemsize, place.layout.device_dtype, shape, strides)
+
+    def _emit_store_box(self, v: Value, s: Step, box: Box, bi: int, out: list[SymInstr]) -> None:
+        dst = self._staging_view(v.gid, s, box)
         src = self.view(v.args[0], s, box)
         if isinstance(src, Scalar):
             self._add(out, Elementwise, op="copy", out=dst, inputs=(src,))

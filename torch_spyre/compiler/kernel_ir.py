@@ -123,6 +123,9 @@ class KernelSpec:
     # generators (matmul, attention, gather) register in wrapper.GENERATORS and read ``params``.
     generator: str = ""
     params: dict[str, Any] = field(default_factory=dict)
+    # Buffers written and read only inside this kernel (Inductor removed them from the graph): they
+    # never reach device memory; their reads are served from the values stored.
+    internal: list[str] = field(default_factory=list)
 
     @property
     def kind(self) -> str:
@@ -432,7 +435,7 @@ def _buffer_spec(name: str, role: str) -> BufferSpec:
                       static_ints([layout.offset], f"buffer {name} offset")[0], role)
 
 
-def kernel_spec(name: str, nodes: list[Any], real_name: Any = None) -> KernelSpec:
+def kernel_spec(name: str, nodes: list[Any], real_name: Any = None, internal: Iterable[str] = ()) -> KernelSpec:
     """The KernelSpec of the scheduler nodes of one fused kernel (in execution order)."""
     ranges = [(static_ints(n.get_ranges()[0], "iteration range"), static_ints(n.get_ranges()[1], "reduction range"))
               for n in nodes]
@@ -446,8 +449,9 @@ def kernel_spec(name: str, nodes: list[Any], real_name: Any = None) -> KernelSpe
         node_ops, _ = origins_of([n])
         specs.append(NodeSpec(n.get_name(), sizes, rsizes, _placement(sizes, rsizes, xnumel, rnumel), ops, node_ops))
     source_ops, source_lines = origins_of(nodes)
-    buffers = _buffers(specs, nodes)
-    return KernelSpec(name, x_sizes, r_sizes, specs, buffers, source_ops, source_lines)
+    internal = sorted(internal)
+    buffers = [b for b in _buffers(specs, nodes) if b.name not in internal]
+    return KernelSpec(name, x_sizes, r_sizes, specs, buffers, source_ops, source_lines, internal=internal)
 
 
 def _buffers(specs: list[NodeSpec], nodes: list[Any]) -> list[BufferSpec]:
