@@ -168,3 +168,22 @@ def test_mlp_forward(shape):
     torch.testing.assert_close(got, ref.detach(), atol=3e-2, rtol=3e-2)
     assert wrapper.host_fallback_stats() == {}
     assert dict(torch_spyre.fallback_stats()) == {}
+
+
+# --- gathers through the gather generator ---------------------------------------------------------
+def test_embedding_and_index_select():
+    w = rnd(1000, 128)
+    check(lambda w, i: F.embedding(i, w) * 2, w, torch.randint(0, 1000, (4, 16)))
+    check(lambda x, i: torch.index_select(x, 0, i) + 1, rnd(50, 64), torch.randint(0, 50, (10,)))
+    check(lambda x, i: x[i] - 1, rnd(50, 64), torch.randint(0, 50, (3, 5)))
+
+
+def test_embedding_layer_norm_block():
+    emb = torch.nn.Embedding(500, 96)
+    ln = torch.nn.LayerNorm(96)
+    w, g, b = emb.weight.detach().half(), ln.weight.detach().half(), ln.bias.detach().half()
+
+    def f(w, g, b, ids):
+        return F.layer_norm(F.embedding(ids, w).float(), (96,), g.float(), b.float())
+
+    check(f, w, g, b, torch.randint(0, 500, (2, 24)), tol=dict(atol=6e-2, rtol=3e-2))

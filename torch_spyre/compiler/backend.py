@@ -254,41 +254,40 @@ def _make_scheduling():
 
 
 # ---------------------------------------------------------------------------------------------
-# Lowerings that keep the matmul family on the card (instead of Inductor's extern aten.mm calls)
+# Lowerings that keep whole ops on the card (instead of Inductor's extern aten calls or indirect
+# indexing): the matmul family -> generator "matmul", embedding/index_select -> generator "gather"
 # ---------------------------------------------------------------------------------------------
 MATMUL_KINDS = {"mm": 2, "bmm": 2, "addmm": 3, "baddbmm": 3}
 
 
-def _make_matmul_node():
+def _make_extern_node():
     from torch._inductor import ir
-    from torch._inductor.virtualized import V
 
     from . import kernel_ir
 
-    class SpyreMatmul(ir.ExternKernelOut):
-        """``out = alpha * a @ b (+ beta * bias)`` as one spyre kernel (generator "matmul")."""
+    class SpyreExternKernel(ir.ExternKernelOut):
+        """One whole-op spyre kernel: ``inputs`` in the order of ``roles``, the output is role ``out``."""
 
-        def __init__(self, layout, inputs, kind: str, alpha: float, beta: float):
-            super().__init__(layout, inputs, python_kernel_name=f"spyre_{kind}")
-            self.spyre_kind, self.alpha, self.beta = kind, float(alpha), float(beta)
+        def __init__(self, layout, inputs, generator: str, roles: list[str], params: dict[str, Any], label: str):
+            super().__init__(layout, inputs, python_kernel_name=f"spyre_{label}")
+            self.spyre_generator, self.spyre_roles, self.spyre_params, self.spyre_label = generator, roles, params, label
 
         def codegen(self, wrapper) -> None:
-            roles = (["bias"] if self.spyre_kind in ("addmm", "baddbmm") else []) + ["a", "b"]
-            refs = {r: x.codegen_reference() for r, x in zip(roles, self.inputs)}
+            refs = {r: x.codegen_reference() for r, x in zip(self.spyre_roles, self.inputs)}
             refs["out"] = self.get_name()
             spec = kernel_ir.extern_kernel_spec(
-                wrapper.next_spyre_kernel_name_for(self.spyre_kind), "matmul",
-                {r: x for r, x in zip(roles, self.inputs)} | {"out": self},
-                {"kind": self.spyre_kind, "alpha": self.alpha, "beta": self.beta},
-                self.get_origins(),
+                wrapper.next_spyre_kernel_name_for(self.spyre_label), self.spyre_generator,
+                {r: x for r, x in zip(self.spyre_roles, self.inputs)} | {"out": self},
+                self.spyre_params, self.get_origins(),
             )
             wrapper.define_spyre_kernel(spec)
             wrapper.writeline(f"{spec.name}.run({', '.join(f'{r}={ref}' for r, ref in refs.items())})")
 
-    return SpyreMatmul
+    return SpyreExternKernel
 
 
-def _matmul_lowering(kind: str, original):
+def _spyre_lowering(original, lower_fn, name: str):
+    """``lower_fn`` for tensors on spyre, Inductor's own lowering for every other device."""
     from torch._inductor import ir
 
     def lower(*args, **kwargs):
@@ -296,28 +295,75 @@ def _matmul_lowering(kind: str, original):
         device = tensors[0].get_device() if tensors else None
         if device is None or device.type != DEVICE:
             return original(*args, **kwargs)
-        return _lower_matmul(kind, args, kwargs)
+        return lower_fn(*args, **kwargs)
 
-    lower.__name__ = f"spyre_{kind}_lowering"
+    lower.__name__ = f"spyre_{name}_lowering"
     return lower
 
 
-def _lower_matmul(kind: str, args, kwargs):
-    from torch._inductor import ir
+def _extern(generator: str, label: str, roles: list[str], inputs, size, dtype, params):
     from torch._inductor.ir import FixedLayout, TensorBox
 
-    node_cls = _make_matmul_node.cls
-    n_in = MATMUL_KINDS[kind]
-    inputs = [_matmul_operand(ir.ExternKernel.realize_input(a)) for a in args[:n_in]]
-    beta = kwargs.get("beta", args[n_in] if len(args) > n_in else 1)
-    alpha = kwargs.get("alpha", args[n_in + 1] if len(args) > n_in + 1 else 1)
-    a, b = inputs[-2], inputs[-1]
-    size = [*a.get_size()[:-1], b.get_size()[-1]]
     stride = [1] * len(size)
     for d in range(len(size) - 2, -1, -1):
         stride[d] = stride[d + 1] * size[d + 1]
-    layout = FixedLayout(a.get_device(), a.get_dtype(), size, stride)
-    return TensorBox.create(node_cls(layout, inputs, kind, alpha, beta))
+    layout = FixedLayout(inputs[-1].get_device(), dtype, list(size), stride)
+    return TensorBox.create(_make_extern_node.cls(layout, inputs, generator, roles, params, label))
+
+
+def _lower_matmul(kind: str):
+    def lower(*args, **kwargs):
+        from torch._inductor import ir
+
+        n_in = MATMUL_KINDS[kind]
+        inputs = [_matmul_operand(ir.ExternKernel.realize_input(a)) for a in args[:n_in]]
+        beta = kwargs.get("beta", args[n_in] if len(args) > n_in else 1)
+        alpha = kwargs.get("alpha", args[n_in + 1] if len(args) > n_in + 1 else 1)
+        a, b = inputs[-2], inputs[-1]
+        roles = (["bias"] if n_in == 3 else []) + ["a", "b"]
+        size = [*a.get_size()[:-1], b.get_size()[-1]]
+        return _extern("matmul", kind, roles, inputs, size, a.get_dtype(),
+                       {"kind": kind, "alpha": float(alpha), "beta": float(beta)})
+
+    return lower
+
+
+def _lower_embedding(weight, indices, *args, **kwargs):
+    from torch._inductor import ir
+
+    w, i = ir.ExternKernel.realize_input(weight), ir.ExternKernel.realize_input(indices)
+    size = [*i.get_size(), w.get_size()[1]]
+    return _extern("gather", "embedding", ["source", "index"], [w, i], size, w.get_dtype(),
+                   {"kind": "embedding", "dim": 0})
+
+
+def _lower_index_select(x, dim, index):
+    from torch._inductor import ir
+
+    src, idx = ir.ExternKernel.realize_input(x), ir.ExternKernel.realize_input(index)
+    dim = dim % max(len(src.get_size()), 1)
+    size = list(src.get_size())
+    size[dim] = idx.get_numel()
+    return _extern("gather", "index_select", ["source", "index"], [src, idx], size, src.get_dtype(),
+                   {"kind": "index_select", "dim": int(dim)})
+
+
+def _lower_index(original):
+    """``x[idx]`` (``aten.index.Tensor`` with one index tensor): an index_select along its dim for a
+    1-d index, an embedding row gather for a 2-d source indexed on dim 0; other forms keep Inductor's
+    lowering (indirect indexing, which the pointwise generator refuses with a clear error)."""
+
+    def lower(x, indices):
+        live = [(d, t) for d, t in enumerate(indices) if t is not None]
+        if len(live) == 1:
+            d, idx = live[0]
+            if len(idx.get_size()) == 1:
+                return _lower_index_select(x, d, idx)
+            if d == 0 and len(x.get_size()) == 2:
+                return _lower_embedding(x, idx)
+        return original(x, indices)
+
+    return lower
 
 
 def _matmul_operand(x):
@@ -334,14 +380,17 @@ def _matmul_operand(x):
 def _register_lowerings() -> None:
     from torch._inductor import lowering as L
 
-    _make_matmul_node.cls = _make_matmul_node()
+    _make_extern_node.cls = _make_extern_node()
     aten = torch.ops.aten
-    for kind in MATMUL_KINDS:
-        op = getattr(aten, kind).default
-        original = L.lowerings[op]
-        if getattr(original, "__name__", "").startswith("spyre_"):
+    table = {getattr(aten, k).default: (_lower_matmul(k), k) for k in MATMUL_KINDS}
+    table[aten.embedding.default] = (_lower_embedding, "embedding")
+    table[aten.index_select.default] = (_lower_index_select, "index_select")
+    table[aten.index.Tensor] = (_lower_index(L.lowerings[aten.index.Tensor]), "index")
+    for op, (fn, name) in table.items():
+        original = L.lowerings.get(op)
+        if original is None or getattr(original, "__name__", "").startswith("spyre_"):
             continue
-        L.lowerings[op] = _matmul_lowering(kind, original)
+        L.lowerings[op] = _spyre_lowering(original, fn, name)
 
 
 # ---------------------------------------------------------------------------------------------
