@@ -11,7 +11,6 @@ is the timing model's own bound (compute or DRAM, whichever is larger, plus the 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path

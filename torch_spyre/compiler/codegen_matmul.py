@@ -31,8 +31,7 @@ How a program is shaped (docs/compiler.md, "The matmul family"):
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -58,7 +57,7 @@ from ..program import (
     Wait,
 )
 from .decisions import BufferDecision, KernelDecisions
-from .scratchpad import ScratchpadOverflowError, SpBuffer, plan
+from .scratchpad import SpBuffer, plan
 
 DL, F32 = "dlfloat16", "float32"
 UNIT = 64  # elements of one fp16 stick: N and K are tiled in whole units of it
@@ -936,8 +935,9 @@ def _epilogue_chunks(rts, chunk_rows: int) -> list[tuple[int, int, int, int, int
 class _Emitter:
     """Instructions of one core."""
 
-    def __init__(self, p: _Problem, s: Split, t: Tiles, w: _CoreWork, offsets: dict[str, int], cfg: CardConfig):
-        self.p, self.s, self.t, self.w, self.off, self.cfg = p, s, t, w, offsets, cfg
+    def __init__(self, p: _Problem, s: Split, t: Tiles, w: _CoreWork, offsets: dict[str, int], cfg: CardConfig,
+                 slots: "_Slots | None" = None):
+        self.p, self.s, self.t, self.w, self.off, self.cfg, self.slots = p, s, t, w, offsets, cfg, slots
         self.sh = _core_shape(p, s, t, w)
         self.ins: list[Instruction] = []
         self.toggles: dict[str, int] = {}
@@ -1117,7 +1117,6 @@ def _chunks_el(total: int, step: int) -> list[tuple[int, int]]:
 @dataclass
 class _Slot:
     offset: int
-    index: int
     credit: bool = False  # receiver: signal after use
     wait: bool = False  # sender: wait for the credit before sending
 
@@ -1138,12 +1137,12 @@ class _Slots:
     def next_send(self, src: int, dst: int) -> _Slot:
         n = self.sent.get((src, dst), 0)
         self.sent[(src, dst)] = n + 1
-        return _Slot(self._offset(src, dst, n), 0, wait=n >= self.count)
+        return _Slot(self._offset(src, dst, n), wait=n >= self.count)
 
     def next_recv(self, src: int, dst: int) -> _Slot:
         n = self.recv.get((src, dst), 0)
         self.recv[(src, dst)] = n + 1
-        return _Slot(self._offset(src, dst, n), 0, credit=n + self.count < self.uses[(src, dst)])
+        return _Slot(self._offset(src, dst, n), credit=n + self.count < self.uses[(src, dst)])
 
 
 def _count_chain_uses(p: _Problem, s: Split, t: Tiles, work: list[_CoreWork], offsets: dict[str, int],
@@ -1180,9 +1179,7 @@ def generate(spec: MatmulSpec, split: Split, tiles: Tiles, config: CardConfig) -
     slots = _Slots(offsets, uses, sh.recv_slots, sh.chunk_rows * sh.nt_el * 4, config.num_cores)
     cores = {}
     for w in work:
-        em = _Emitter(p, split, tiles, w, offsets, config)
-        em.slots = slots
-        cores[w.core] = em.run()
+        cores[w.core] = _Emitter(p, split, tiles, w, offsets, config, slots).run()
     _check_spans(p, cores, config)
     return Program(spec.name, _operands(p), cores, {"kind": spec.kind, "split": str(split), "tiles": str(tiles)})
 
@@ -1222,14 +1219,14 @@ def preferred_layouts(spec: MatmulSpec) -> dict[str, StickLayout]:
     N. The integrator can give a weight this layout once (a relayout at load time) instead of paying the
     in-kernel transpose on every call. Keys are buffer names."""
     out = {}
-    for role, view, dim in (("a", spec.a, -1), ("b", spec.b, -1), ("out", spec.out, -1)):
-        out[view.name] = _layout_with_stick(view, dim, role)
+    for view in (spec.a, spec.b, spec.out):  # K is a's last dim, N b's and out's
+        out[view.name] = _layout_with_stick(view, -1)
     if spec.bias is not None:
-        out.setdefault(spec.bias.name, _layout_with_stick(spec.bias, -1, "bias"))
+        out.setdefault(spec.bias.name, _layout_with_stick(spec.bias, -1))
     return out
 
 
-def _layout_with_stick(view: TensorView, view_dim: int, role: str) -> StickLayout:
+def _layout_with_stick(view: TensorView, view_dim: int) -> StickLayout:
     """The view's buffer sticked on the host dim that ``view_dim`` walks."""
     lay, stride = view.layout, view.strides[view_dim]
     hshape = lay.host_shape if lay.host_shape else (1,)
