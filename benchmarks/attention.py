@@ -101,7 +101,8 @@ def _row(name: str, program: Any, decisions: Any, build_s: float, config: Any, e
     til = decisions.tiling
     if decisions.kind == "attention":
         tiling = (f"q{til['block_q']} k{til['block_k']} h{til['heads_per_tile']} b{til['batches_per_tile']}"
-                  + (f" lanes{til['lane_heads']}" if til["lane_heads"] > 1 else ""))
+                  + (f" lanes{til['lane_heads']}" if til["lane_heads"] > 1 else "")
+                  + (" deferred-stores" if til["defer_stores"] else ""))
     else:
         tiling = f"{til['positions_per_chunk']} idx x {til['gathers_per_chunk']} gathers"
     return {

@@ -237,6 +237,27 @@ def test_program_validates_serializes_and_records_decisions(config):
     assert "kernel" in dec.format() and "considered" in dec.format()
 
 
+@pytest.mark.parametrize("defer", [True, False])
+def test_deferred_stores_fence_then_store(card, config, defer):
+    """Held outputs (one tile per item) are stored after a fence, once every load of the core is done."""
+    spec = AttentionSpec.build(2, 4, 70, 32, is_causal=True, block_q=32, block_k=64, defer_stores=defer)
+    program, dec = _check(card, config, spec)
+    assert dec.tiling["defer_stores"] is defer
+    for core, instrs in program.cores.items():
+        ops = [i.OP for i in instrs]
+        if defer:
+            fence = ops.index("barrier")
+            assert set(ops[fence + 1:]) == {"dma_store"} and "dma_store" not in ops[:fence]
+        else:
+            assert "barrier" not in ops
+
+
+def test_dram_bound_kernels_defer_stores_compute_bound_do_not(config):
+    _, minilm = build_attention(AttentionSpec.build(32, 12, 128, 32), config)
+    _, llama = build_attention(AttentionSpec.build(1, 32, 1024, 64, kv_heads=8), config)
+    assert minilm.tiling["defer_stores"] and not llama.tiling["defer_stores"]
+
+
 def test_causal_skips_blocks_above_the_diagonal(config):
     def matmuls(causal: bool) -> int:
         spec = AttentionSpec.build(1, 2, 512, 64, is_causal=causal, block_q=64, block_k=64)

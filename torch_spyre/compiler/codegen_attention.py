@@ -44,6 +44,7 @@ in torch).
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -65,6 +66,7 @@ from torch_spyre.compiler.decisions import BufferDecision, KernelDecisions
 from torch_spyre.compiler.scratchpad import ScratchpadOverflowError, SpBuffer, plan
 from torch_spyre.program import (
     SP_DTYPES,
+    Barrier,
     STICK_BYTES,
     Elementwise,
     Instruction,
@@ -113,6 +115,7 @@ class AttentionSpec:
     heads_per_tile: int | None = None
     batches_per_tile: int | None = None
     lane_heads_per_tile: int | None = None
+    defer_stores: bool | None = None  # hold outputs in scratchpad and store them at the end (None: by estimate)
     exp_precision: str = "auto"  # "float32": exp of fp32 scores; "input": of scores rounded to the input dtype
     source_ops: tuple[str, ...] = ("aten._scaled_dot_product_flash_attention_for_cpu",)
 
@@ -223,6 +226,7 @@ class Tiling:
     batches_per_tile: int = 1  # batches stacked too: IBM's layout interleaves batch stick by stick
     lane_heads: int = 1  # heads side by side in the same sticks (e.g. heads of 32 in a fused qkv buffer)
     pack_out: bool = False  # the lane heads' outputs share sticks too: stored together, one row per stick row
+    out_slots: int = 2  # output tiles per core: 2 alternate; more hold every item's output to store at the end
 
     def rows(self) -> int:
         return self.block_q * self.heads_per_tile * self.batches_per_tile * self.lane_heads
@@ -319,9 +323,11 @@ def _item_cycles(cfg: CardConfig, dims: _Dims, it: WorkItem, has_mask: bool) -> 
 
 
 def _dram_seconds(cfg: CardConfig, spec: AttentionSpec, dims: _Dims, t: Tiling, items: list[WorkItem],
-                  mask: TensorArg | None) -> float:
-    """DRAM time of all items (shared by every core): bytes at the read/write bandwidths, each contiguous
-    burst paying the configured overhead (measured on the first item's actual stick sets)."""
+                  mask: TensorArg | None) -> tuple[float, float, float]:
+    """DRAM time of all items (shared by every core) as (reads, writes, turnaround): bytes at the read and
+    write bandwidths, each contiguous burst paying the configured overhead (measured on the first item's
+    actual stick sets), and what LPDDR5 loses turning around while reads and writes are both in flight
+    (the configured mixed efficiency, charged on the smaller direction's bytes)."""
     it = items[0]
     k0, nk = it.k_blocks[0]
     over = cfg.dram_run_overhead_bytes
@@ -342,7 +348,9 @@ def _dram_seconds(cfg: CardConfig, spec: AttentionSpec, dims: _Dims, t: Tiling, 
     scale_rows = lambda x: x / it.nq  # noqa: E731  (per query row of the first item)
     reads = sum(scale_rows(q) * i.nq + (kv + m) * sum(n for _, n in i.k_blocks) for i in items)
     writes = sum(scale_rows(o) * i.nq for i in items)
-    return reads / cfg.dram_read_bandwidth + writes / cfg.dram_write_bandwidth
+    mixed = cfg.dram_peak_bandwidth * cfg.dram_mixed_efficiency
+    turn_per_byte = max(0.0, 2 / mixed - 1 / cfg.dram_read_bandwidth - 1 / cfg.dram_write_bandwidth)
+    return reads / cfg.dram_read_bandwidth, writes / cfg.dram_write_bandwidth, turn_per_byte * min(reads, writes)
 
 
 def _assign(costs: list[float], cores: int) -> list[list[int]]:
@@ -369,16 +377,27 @@ def _estimate(cfg: CardConfig, spec: AttentionSpec, dims: _Dims, t: Tiling, mask
     cycles = [_item_cycles(cfg, dims, it, mask is not None) for it in items]
     n_cores = min(cfg.num_cores, len(items))
     compute_s = max(sum(cycles[i] for i in core) for core in _assign(cycles, n_cores)) / cfg.clock_hz
-    dram_s = _dram_seconds(cfg, spec, dims, t, items, mask)
+    reads_s, writes_s, turn_s = _dram_seconds(cfg, spec, dims, t, items, mask)
     longest = max(items, key=lambda it: len(it.k_blocks))
     # The pipeline fills once per core: first loads, then one block's QK^T and softmax with nothing beside.
     compute_s += 2 * cfg.dram_latency_s + sum(_block_cycles(cfg, dims, longest, longest.k_blocks[0][1],
                                                             mask is not None)) / cfg.clock_hz
-    total = max(compute_s, dram_s) + OVERLAP_PENALTY * min(compute_s, dram_s)
+    if t.out_slots > 2:  # stores held to the end: reads alone, then a tail of writes alone
+        dram_s = reads_s
+        total = max(compute_s, dram_s) + OVERLAP_PENALTY * min(compute_s, dram_s) + writes_s
+    else:
+        dram_s = reads_s + writes_s + turn_s
+        total = max(compute_s, dram_s) + OVERLAP_PENALTY * min(compute_s, dram_s)
     return {"block_q": t.block_q, "block_k": t.block_k, "heads_per_tile": t.heads_per_tile,
-            "batches_per_tile": t.batches_per_tile, "lane_heads": t.lane_heads, "items": len(items), "cores": n_cores,
-            "est_compute_us": round(compute_s * 1e6, 2), "est_dram_us": round(dram_s * 1e6, 2),
-            "est_us": round((total + cfg.kernel_fixed_cost_s) * 1e6, 2)}
+            "batches_per_tile": t.batches_per_tile, "lane_heads": t.lane_heads, "defer_stores": t.out_slots > 2,
+            "items": len(items), "cores": n_cores, "est_compute_us": round(compute_s * 1e6, 2),
+            "est_dram_us": round(dram_s * 1e6, 2), "est_us": round((total + cfg.kernel_fixed_cost_s) * 1e6, 2)}
+
+
+def _max_items_per_core(cfg: CardConfig, dims: _Dims, t: Tiling, causal: bool, has_mask: bool) -> int:
+    items = _work_items(dims, t, causal)
+    cycles = [_item_cycles(cfg, dims, it, has_mask) for it in items]
+    return max(len(c) for c in _assign(cycles, min(cfg.num_cores, len(items))))
 
 
 @lru_cache(maxsize=64)
@@ -514,7 +533,7 @@ def _buffers(dims: _Dims, t: Tiling, mask: TensorArg | None, causal: bool, w: di
     b: list[SpBuffer] = []
     for p in range(2):
         b += [SpBuffer(f"q{p}", sp_bytes(isz, M, w["q"])), SpBuffer(f"acc{p}", sp_bytes(4, M, dims.Dv)),
-              SpBuffer(f"o{p}", sp_bytes(isz, M, w["o"])), SpBuffer(f"l{p}", sp_bytes(4, M)),
+              SpBuffer(f"l{p}", sp_bytes(4, M)),
               SpBuffer(f"k{p}", sp_bytes(isz, nb * Bc, w["k"])), SpBuffer(f"v{p}", sp_bytes(isz, nb * Bc, w["v"])),
               SpBuffer(f"s{p}", sp_bytes(4, M, Bc)), SpBuffer(f"p{p}", sp_bytes(isz, M, Bc)),
               SpBuffer(f"nm{p}", sp_bytes(4, M)), SpBuffer(f"alpha{p}", sp_bytes(4, M)),
@@ -523,6 +542,7 @@ def _buffers(dims: _Dims, t: Tiling, mask: TensorArg | None, causal: bool, w: di
             mb, mh, mq = _mask_tile_dims(mask, t)
             # A block's key columns may start at any lane of the mask's sticks.
             b.append(SpBuffer(f"mask{p}", sp_bytes(mask.layout.itemsize, mb, mh, mq, _row_lanes(mask, Bc))))
+    b += [SpBuffer(f"o{p}", sp_bytes(isz, M, w["o"])) for p in range(t.out_slots)]
     if causal:
         b.append(SpBuffer("causal", sp_bytes(4, 2 * (t.block_q + Bc))))
     return b
@@ -565,7 +585,8 @@ class _Step:
     """One K/V block of one item, with the views its two halves share."""
 
     item: WorkItem
-    parity: int  # item parity: q, acc, o, l buffers
+    parity: int  # item parity: q, acc, l buffers
+    slot: int  # output tile: alternating, or one per item when stores are deferred
     bp: int  # block parity: k, v, s, p, mask and the small per-block columns
     k0: int
     nk: int
@@ -589,18 +610,21 @@ class _CoreEmitter:
         self.stats = {"blocks": 0, "causal_bias_blocks": 0, "skipped_blocks": 0}
         self.prev_nm: SpTensor | None = None
         self.q: SpTensor | None = None
+        self.deferred: list[Instruction] = []  # output stores held to the end (out_slots > 2)
 
     def sp(self, name: str, dtype: str, shape: tuple[int, ...], strides: tuple[int, ...] | None = None,
            elem_offset: int = 0) -> SpTensor:
         return SpTensor(self.buf[name] + elem_offset * SP_DTYPES[dtype], dtype, shape, strides)
 
-    def run(self, items: list[WorkItem]) -> list[Instruction]:
+    def run(self, core: int, items: list[WorkItem]) -> list[Instruction]:
+        self.core = core
         self._prologue()
         steps: list[_Step] = []
         for n, it in enumerate(items):
             self.stats["skipped_blocks"] += it.skipped
             for j, (k0, nk) in enumerate(it.k_blocks):
-                steps.append(_Step(it, n % 2, len(steps) % 2, k0, nk, j == 0, j == len(it.k_blocks) - 1))
+                steps.append(_Step(it, n % 2, n % self.t.out_slots, len(steps) % 2, k0, nk, j == 0,
+                                   j == len(it.k_blocks) - 1))
         if steps:
             self._scores(steps[0])
         for n, st in enumerate(steps):
@@ -609,7 +633,10 @@ class _CoreEmitter:
             self._softmax_pv(st)
             if st.last:
                 self._finish(st)
-        return self.ins
+        if self.deferred:
+            # A fence (a barrier of this core alone): the held stores start once every load is done.
+            self.ins.append(Barrier(tag=self.core, cores=(self.core,)))
+        return self.ins + self.deferred
 
     # --- set-up ----------------------------------------------------------------------------------
     def _prologue(self) -> None:
@@ -621,7 +648,7 @@ class _CoreEmitter:
         cols, rows = (d.Dv * t.lane_heads, t.rows() // t.lane_heads) if t.pack_out else (d.Dv, t.rows())
         wo = _ceil_to(cols, self.spec.out.lanes)
         if wo > cols:  # output padding lanes are stored with the row: give them a value once
-            for p in range(2):
+            for p in range(t.out_slots):
                 self.ins.append(_ew("copy", self.sp(f"o{p}", d.dtype, (rows, wo - cols), (wo, 1), cols), 0.0))
 
     def _load(self, arg: TensorArg, bufname: str, batches: tuple[int, ...], heads: tuple[int, ...], r0: int, n: int,
@@ -748,11 +775,16 @@ class _CoreEmitter:
             self._store_packed(st, acc, l)
             return
         wo = _ceil_to(d.Dv, spec.out.lanes)
-        self.ins.append(_ew("mul", self.sp(f"o{st.parity}", d.dtype, (it.rows, d.Dv), (wo, 1)), acc,
+        self.ins.append(_ew("mul", self.sp(f"o{st.slot}", d.dtype, (it.rows, d.Dv), (wo, 1)), acc,
                             _bcast_rows(l, d.Dv)))
         dev, lane0 = _tile_sticks(spec.out, it.batches, it.heads, it.q0, it.nq, 0, d.Dv)
         check_owns_sticks(spec.out, lane0, d.Dv, "sdpa out")
-        self.ins += dma_tile(spec.out, dev, self.buf[f"o{st.parity}"], store=True)
+        self._store(dma_tile(spec.out, dev, self.buf[f"o{st.slot}"], store=True))
+
+    def _store(self, stores: list[Instruction]) -> None:
+        """Store now, or, with one output tile per item, at the end: the kernel then reads only, then
+        writes only, and LPDDR5 pays no read/write turnaround while both would be in flight."""
+        (self.deferred if self.t.out_slots > 2 else self.ins).extend(stores)
 
     def _store_packed(self, st: _Step, acc: SpTensor, l: SpTensor) -> None:
         """Lane heads whose outputs share sticks: each head's result goes to its lanes of one row of
@@ -763,23 +795,38 @@ class _CoreEmitter:
         for i in range(len(it.batches)):
             for m in range(P):
                 r0 = (i * P + m) * sub
-                o = self.sp(f"o{st.parity}", d.dtype, (sub, d.Dv), (wo, 1), i * sub * wo + m * d.Dv)
+                o = self.sp(f"o{st.slot}", d.dtype, (sub, d.Dv), (wo, 1), i * sub * wo + m * d.Dv)
                 a = SpTensor(acc.offset + r0 * d.Dv * 4, "float32", (sub, d.Dv))
                 self.ins.append(_ew("mul", o, a, _bcast_rows(SpTensor(l.offset + r0 * 4, "float32", (sub, 1)), d.Dv)))
         dev, lane0 = _tile_sticks(spec.out, it.batches, it.stacked, it.q0, it.nq, 0, cols)
         check_owns_sticks(spec.out, lane0, cols, "sdpa out")
-        self.ins += dma_tile(spec.out, dev, self.buf[f"o{st.parity}"], store=True)
+        self._store(dma_tile(spec.out, dev, self.buf[f"o{st.slot}"], store=True))
 
 
 # ---------------------------------------------------------------------------------------------
 # Entry point
 # ---------------------------------------------------------------------------------------------
+def _with_deferred_stores(tilings: list[Tiling], spec: AttentionSpec, dims: _Dims, mask: TensorArg | None,
+                          cfg: CardConfig) -> list[Tiling]:
+    """Each tiling as is and, unless told otherwise, with one output tile per item of the busiest core, so
+    that every store waits for the end (spec.defer_stores: None both, True only deferred, False never)."""
+    out = []
+    for t in tilings:
+        if spec.defer_stores is not True:
+            out.append(t)
+        if spec.defer_stores is not False:
+            n = _max_items_per_core(cfg, dims, t, spec.is_causal, mask is not None)
+            if n > 2 or spec.defer_stores:
+                out.append(dataclasses.replace(t, out_slots=max(n, 3)))
+    return out
+
+
 def _choose_tiling(spec: AttentionSpec, dims: _Dims, mask: TensorArg | None, cfg: CardConfig
                    ) -> tuple[Tiling, Any, list[dict[str, Any]]]:
     """The cheapest tiling by the estimate whose scratchpad plan fits; every candidate is recorded."""
     considered = []
     best = None
-    for t in _candidates(dims, spec):
+    for t in _with_deferred_stores(_candidates(dims, spec), spec, dims, mask, cfg):
         est = _estimate(cfg, spec, dims, t, mask)
         try:
             sp_plan = plan(_buffers(dims, t, mask, spec.is_causal, _row_widths(spec, dims, t)),
@@ -816,7 +863,7 @@ def build_attention(spec: AttentionSpec, config: CardConfig) -> tuple[Program, K
     for core, idxs in zip(core_ids(len(used), config), used):
         if idxs:
             em = _CoreEmitter(spec, dims, tiling, mask, buf)
-            cores[core] = em.run([items[i] for i in idxs])
+            cores[core] = em.run(core, [items[i] for i in idxs])
             for k in totals:
                 totals[k] += em.stats[k]
 
@@ -854,6 +901,7 @@ def _decisions(spec: AttentionSpec, dims: _Dims, t: Tiling, sp_plan: Any, per_co
     }
     dec.tiling = {"block_q": t.block_q, "block_k": t.block_k, "heads_per_tile": t.heads_per_tile,
                   "batches_per_tile": t.batches_per_tile, "lane_heads": t.lane_heads, "tile_rows": t.rows(),
+                  "defer_stores": t.out_slots > 2, "output_tiles": t.out_slots,
                   "kv_blocks_streamed": totals["blocks"], "causal_blocks_skipped": totals["skipped_blocks"],
                   "causal_bias_blocks": totals["causal_bias_blocks"], "scale": dims.scale,
                   "gqa_group": dims.group, "is_causal": spec.is_causal,
