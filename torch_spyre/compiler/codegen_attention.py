@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import math
 import dataclasses
+import heapq
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -302,9 +304,16 @@ def _vector_cycles(cfg: CardConfig, elements: int, itemsize: int, transcendental
 
 def _block_cycles(cfg: CardConfig, dims: _Dims, it: WorkItem, nk: int, has_mask: bool) -> tuple[int, int]:
     """(PE, vector) cycles of one K/V block of an item."""
-    isz, m, nb = dims.itemsize, it.rows, len(it.batches) * it.members
-    pe = nb * (_matmul_cycles(cfg, it.sub_rows, dims.D, nk, dims.dtype)
-               + _matmul_cycles(cfg, it.sub_rows, nk, dims.Dv, dims.dtype))
+    return _block_cycles_of(cfg, dims, it.rows, it.sub_rows, len(it.batches) * it.members, nk, has_mask)
+
+
+@lru_cache(maxsize=4096)
+def _block_cycles_of(cfg: CardConfig, dims: _Dims, m: int, sub: int, n_sub: int, nk: int,
+                     has_mask: bool) -> tuple[int, int]:
+    """(PE, vector) cycles of a block of ``m`` rows in ``n_sub`` sub-tiles of ``sub`` rows (cached: the
+    tiling search asks for the same few shapes many times)."""
+    isz = dims.itemsize
+    pe = n_sub * (_matmul_cycles(cfg, sub, dims.D, nk, dims.dtype) + _matmul_cycles(cfg, sub, nk, dims.Dv, dims.dtype))
     s = m * nk
     exp_width = 4 if has_mask or dims.dtype == "float32" else isz  # see _exp_in_input_dtype
     vec = _vector_cycles(cfg, s, 4) * (2 + has_mask) + _vector_cycles(cfg, s, exp_width, True)  # mask, max, fma, exp
@@ -316,9 +325,10 @@ def _item_cycles(cfg: CardConfig, dims: _Dims, it: WorkItem, has_mask: bool) -> 
     """Estimated cycles of one work item: the PE arrays and the vector unit overlap across blocks (the
     program is software-pipelined), so the busier of the two sets the pace."""
     pe = vec = 0
-    for _k0, nk in it.k_blocks:
-        p, v = _block_cycles(cfg, dims, it, nk, has_mask)
-        pe, vec = pe + p, vec + v
+    m, sub, n_sub = it.rows, it.sub_rows, len(it.batches) * it.members
+    for nk, count in Counter(nk for _k0, nk in it.k_blocks).items():  # blocks come in one or two sizes
+        p, v = _block_cycles_of(cfg, dims, m, sub, n_sub, nk, has_mask)
+        pe, vec = pe + count * p, vec + count * v
     return max(pe, vec) + _vector_cycles(cfg, it.rows * dims.Dv, 4)
 
 
@@ -355,12 +365,12 @@ def _dram_seconds(cfg: CardConfig, spec: AttentionSpec, dims: _Dims, t: Tiling, 
 
 def _assign(costs: list[float], cores: int) -> list[list[int]]:
     """Longest processing time first: each item to the least loaded core."""
-    loads = [0.0] * cores
+    heap = [(0.0, c) for c in range(cores)]  # (load, core): the least loaded core on top
     out: list[list[int]] = [[] for _ in range(cores)]
     for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
-        c = min(range(cores), key=lambda c: loads[c])
-        loads[c] += costs[i]
+        load, c = heapq.heappop(heap)
         out[c].append(i)
+        heapq.heappush(heap, (load + costs[i], c))
     return [sorted(x) for x in out]
 
 
