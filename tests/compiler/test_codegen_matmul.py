@@ -4,6 +4,7 @@ choices against the alternatives it rejected (in the card's simulated time), and
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -367,3 +368,36 @@ def test_forced_plans_match_torch(card, case, split, tiles):
     held = {op.name: dl(inputs[op.name]) if op.device_dtype == DL else inputs[op.name].float()
             for op in prog.operands if op.name in inputs}  # what the card holds
     assert_matches(outs[spec.out.name], reference(held), spec.out.layout.device_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused epilogues: activation and residual in fp32 before the one rounding (the fused-MLP case)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("activation", ["gelu", "relu", "silu", "gelu_tanh"])
+def test_linear_with_fused_activation(card, activation):
+    g = torch.Generator().manual_seed(12)
+    x, w, bias = randn(g, 128, 384), randn(g, 1536, 384, scale=0.05), randn(g, 1536)
+    spec = replace(linear_spec(buf("x", (128, 384)), buf("w", (1536, 384)), buf("y", (128, 1536)), buf("bias", (1536,))),
+                   activation=activation)
+    got, (prog, dec) = run(card, spec, {"x": x, "w": w, "bias": bias})
+    act = {"gelu": torch.nn.functional.gelu, "relu": torch.relu, "silu": torch.nn.functional.silu,
+           "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[activation]
+    assert_matches(got, act(torch.nn.functional.linear(dl(x), dl(w), dl(bias))))
+    assert any(isinstance(i, Elementwise) and i.op == activation for _, _, i in prog.instructions())
+
+
+def test_fused_residual_and_k_split(card):
+    """MiniLM's FFN down: out = x @ W^T + b + residual, a K of 1536 split over the ring."""
+    g = torch.Generator().manual_seed(13)
+    x, w, bias, res = randn(g, 128, 1536), randn(g, 384, 1536, scale=0.03), randn(g, 384), randn(g, 128, 384)
+    spec = replace(linear_spec(buf("x", (128, 1536)), buf("w", (384, 1536)), buf("y", (128, 384)), buf("bias", (384,))),
+                   residual=buf("res", (128, 384)))
+    got, (prog, dec) = run(card, spec, {"x": x, "w": w, "bias": bias, "res": res})
+    assert_matches(got, torch.nn.functional.linear(dl(x), dl(w), dl(bias)) + dl(res))
+    assert dec.work_division["split"]["K_split"] > 1
+
+
+def test_unknown_activation():
+    spec = replace(mm_spec(buf("a", (64, 64)), buf("b", (64, 64)), buf("c", (64, 64))), activation="softmax")
+    with pytest.raises(MatmulSpecError, match="activation 'softmax' is not a vector-unit op"):
+        build_matmul(spec, CFG)

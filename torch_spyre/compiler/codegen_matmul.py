@@ -40,6 +40,8 @@ from ..card.config import CardConfig
 from ..card.layout import StickLayout
 from ..program import (
     STICK_BYTES,
+    TRANSCENDENTAL_OPS,
+    UNARY_OPS,
     Addr,
     DmaLoad,
     DmaPattern,
@@ -65,6 +67,7 @@ OVERLAP_LOSS = 0.25  # share of the shorter of compute and data movement that do
 INPUT_DTYPES = (DL,)  # what the PE arrays multiply (fp16 and bf16 are stored as DLFloat16)
 OUTPUT_DTYPES = (DL, F32)
 KINDS = ("mm", "bmm", "addmm", "baddbmm", "linear")
+ACTIVATIONS = frozenset(UNARY_OPS - {"copy", "cast"})
 
 
 class MatmulSpecError(ValueError):
@@ -117,6 +120,9 @@ class MatmulSpec:
     kind: str = "mm"
     name: str = "matmul"
     source_ops: tuple[str, ...] = ()
+    # Fused epilogue, applied in fp32 before the one rounding: out = act(alpha*a@b + beta*bias) + residual
+    activation: str | None = None  # a unary vector op: "gelu", "gelu_tanh", "relu", "silu", "tanh", ...
+    residual: TensorView | None = None  # broadcast to out like the bias
 
     @property
     def dims(self) -> tuple[int, int, int, int]:
@@ -298,6 +304,7 @@ class _Problem:
     b: _Bound  # (batch, K, N)
     out: _Bound  # (batch, M, N)
     bias: _Bound | None
+    residual: _Bound | None
     batch: int
     M: int
     N: int
@@ -329,7 +336,21 @@ class _Problem:
 
     @property
     def needs_epilogue(self) -> bool:
-        return self.bias is not None or self.spec.alpha != 1.0 or self.out_dtype != F32
+        return bool(self.epilogue_steps) or self.out_dtype != F32
+
+    @property
+    def epilogue_steps(self) -> list[str]:
+        """The fp32 vector ops between the accumulator and the output, in order."""
+        spec, steps = self.spec, []
+        if self.bias is not None:
+            steps += (["mul"] if spec.beta != 1.0 else []) + ["fma"]
+        elif spec.alpha != 1.0:
+            steps.append("mul")
+        if spec.activation:
+            steps.append(spec.activation)
+        if self.residual is not None:
+            steps.append("add")
+        return steps
 
     def describe(self) -> str:
         b = f"{self.batch}x" if self.batch > 1 else ""
@@ -346,8 +367,6 @@ def _check(spec: MatmulSpec) -> _Problem:
     if spec.out.layout.device_dtype not in OUTPUT_DTYPES:
         raise MatmulSpecError(f"out %{spec.out.name} is {spec.out.layout.device_dtype}; the matmul writes "
                               f"{' or '.join(OUTPUT_DTYPES)} (fp16/bf16 or fp32)")
-    if spec.bias is not None and spec.bias.layout.device_dtype not in OUTPUT_DTYPES:
-        raise MatmulSpecError(f"bias %{spec.bias.name} is {spec.bias.layout.device_dtype}; use fp16/bf16 or fp32")
     a, b, o = (_as3(v.shape) if len(v.shape) in (2, 3) else None for v in (spec.a, spec.b, spec.out))
     if a is None or b is None or o is None:
         raise MatmulSpecError(f"{spec.kind}: operands must be 2-d or 3-d, got a{list(spec.a.shape)} "
@@ -368,15 +387,25 @@ def _check(spec: MatmulSpec) -> _Problem:
     if 0 in O.strides[:2] and (O.sizes[0] > 1 or O.sizes[1] > 1) and not (O.strides[0] == 0 and O.sizes[0] == 1):
         raise MatmulSpecError(f"out %{spec.out.name} has a broadcast (stride 0) dimension: results would overlap")
     _check_out_sticks(spec.out, O)
-    bias = None
-    if spec.bias is not None:
-        bias = _bind(spec.bias, "bias", 2, (batch, a[1], b[2]))
-        if bias.lane_dim != 2:
-            raise MatmulSpecError(f"bias %{spec.bias.name} must vary along N in sticks (sticked on its last dim)")
+    bias, residual = (_bind_addend(v, role, (batch, a[1], b[2])) for v, role in ((spec.bias, "bias"), (spec.residual, "residual")))
+    if spec.activation is not None and spec.activation not in ACTIVATIONS:
+        raise MatmulSpecError(f"activation {spec.activation!r} is not a vector-unit op; known: {', '.join(sorted(ACTIVATIONS))}")
     for role, bound, want in (("a", A, (2, 1)), ("b", B, (2, 1))):
         if bound.lane_dim not in want:
             raise MatmulSpecError(f"{role} %{bound.name}: sticked on its batch dim; relayout it first")
-    return _Problem(spec, A, B, O, bias, batch, a[1], b[2], a[2])
+    return _Problem(spec, A, B, O, bias, residual, batch, a[1], b[2], a[2])
+
+
+def _bind_addend(view: TensorView | None, role: str, out_shape: tuple[int, int, int]) -> _Bound | None:
+    """A bias or residual: broadcast to the output, sticked on N, fp16/bf16 or fp32."""
+    if view is None:
+        return None
+    if view.layout.device_dtype not in OUTPUT_DTYPES:
+        raise MatmulSpecError(f"{role} %{view.name} is {view.layout.device_dtype}; use fp16/bf16 or fp32")
+    bound = _bind(view, role, 2, out_shape)
+    if bound.lane_dim != 2:
+        raise MatmulSpecError(f"{role} %{view.name} must vary along N in sticks (sticked on its last dim)")
+    return bound
 
 
 def _broadcast_batch(x: _Bound, batch: int) -> _Bound:
@@ -579,6 +608,8 @@ def _buffers(p: _Problem, s: Split, t: Tiles, sh: _Shape) -> list[SpBuffer]:
         bufs += [SpBuffer(f"bias{i}", chunk * nt * p.bias.itemsize) for i in range(2)]
         if p.spec.beta != 1.0:
             bufs.append(SpBuffer("bias_scaled", chunk * nt * 4))
+    if p.residual is not None:
+        bufs += [SpBuffer(f"res{i}", chunk * nt * p.residual.itemsize) for i in range(2)]
     if s.k > 1:  # receive slots from the upstream neighbour of each direction
         bufs += [SpBuffer(f"recv{d}", sh.recv_slots * chunk * nt * 4) for d in range(2)]
     return bufs
@@ -691,8 +722,8 @@ def estimate(p: _Problem, s: Split, t: Tiles, cfg: CardConfig, traffic: _SplitTr
     elems_out = sh.group_rows * w0.ncols[1] * (1 if p.b_shared else sh.groups)
     # --- vector: epilogue, K-split adds, transposes
     vec = 0
-    if p.needs_epilogue:
-        vec += _vector_cycles(cfg, elems_out, 4) * (2 if p.bias is not None and p.spec.beta != 1.0 else 1)
+    for op in p.epilogue_steps or (["cast"] if p.needs_epilogue else []):
+        vec += _vector_cycles(cfg, elems_out, 4) * (1 + cfg.vector_transcendental_cycles if op in TRANSCENDENTAL_OPS else 1)
     if s.k > 1:
         vec += _vector_cycles(cfg, elems_out, 4)  # one add of a partner's partial per element
     a_reload = 1 if t.a_resident else sh.n_tiles
@@ -793,11 +824,12 @@ def _core_dram_bytes(p: _Problem, s: Split, w: _CoreWork) -> tuple[int, int, int
     stores = w.partner in (0, s.k - 1)
     share = 1.0 if s.k == 1 else 0.5  # the two ends of a chain each finish half the chunks
     out = nb * nm * _round(n_el, p.out.lanes) * p.out.itemsize * share if stores else 0
-    bias = 0.0
-    if p.bias is not None and stores:
-        rows = (nb if p.bias.strides[0] else 1) * (nm if p.bias.strides[1] else 1)
-        bias = rows * _round(n_el, p.bias.lanes) * p.bias.itemsize * share
-    return a, b + int(bias), int(out)
+    addends = 0.0
+    for x in (p.bias, p.residual):
+        if x is not None and stores:
+            rows = (nb if x.strides[0] else 1) * (nm if x.strides[1] else 1)
+            addends += rows * _round(n_el, x.lanes) * x.itemsize * share
+    return a, b + int(addends), int(out)
 
 
 # =============================================================================================
@@ -866,15 +898,13 @@ def _span_ok(p: _Problem, s: Split, cfg: CardConfig) -> bool:
 
 def _core_span(p: _Problem, w: _CoreWork) -> int:
     """Device bytes one core addresses (the sum over operands of max - min), as validate counts it."""
-    lo3 = {"a": (w.batches[0], w.rows[0], w.kcols[0]), "b": (w.batches[0], w.kcols[0], w.ncols[0]),
-           "out": (w.batches[0], w.rows[0], w.ncols[0]), "bias": (w.batches[0], w.rows[0], w.ncols[0])}
-    n3 = {"a": (w.batches[1], w.rows[1], w.kcols[1]), "b": (w.batches[1], w.kcols[1], w.ncols[1]),
-          "out": (w.batches[1], w.rows[1], w.ncols[1]), "bias": (w.batches[1], w.rows[1], w.ncols[1])}
+    (b0, nb), (m0, nm), (n0, nn), (k0, nk) = w.batches, w.rows, w.ncols, w.kcols
+    boxes = [(p.a, (b0, m0, k0), (nb, nm, nk)), (p.b, (b0, k0, n0), (nb, nk, nn))]
+    boxes += [(x, (b0, m0, n0), (nb, nm, nn)) for x in (p.out, p.bias, p.residual) if x is not None]
     total = 0
-    for role, bound in (("a", p.a), ("b", p.b), ("out", p.out), ("bias", p.bias)):
-        if bound is not None:
-            lo, hi = bound.span(lo3[role], n3[role])
-            total += hi - lo
+    for bound, lo, n in boxes:
+        start, end = bound.span(lo, n)
+        total += end - start
     return total
 
 
@@ -1084,30 +1114,39 @@ class _Emitter:
             return
         out_off = self.buf("o")
         out = SpTensor(out_off, p.out_dtype, shape3, dense)
+        steps = []  # (op, inputs): each works on the fp32 accumulator in place; the last writes out
         if p.bias is not None:
-            bias = self.load_bias(b0, nb, m0, nm, n0, nn)
+            bias = self.load_addend(p.bias, "bias", box, n0, nn)
             if spec.beta != 1.0:
                 scaled = SpTensor(self.off["bias_scaled"], F32, shape3, dense)
                 self.ins.append(Elementwise("mul", scaled, (bias, Scalar(spec.beta))))
                 bias = scaled
-            self.ins.append(Elementwise("fma", out, (acc, Scalar(spec.alpha), bias)))
+            steps.append(("fma", (acc, Scalar(spec.alpha), bias)))
         elif spec.alpha != 1.0:
-            self.ins.append(Elementwise("mul", out, (acc, Scalar(spec.alpha))))
-        else:
-            self.ins.append(Elementwise("cast", out, (acc,)))  # the one rounding to the output dtype
+            steps.append(("mul", (acc, Scalar(spec.alpha))))
+        if spec.activation:
+            steps.append((spec.activation, (acc,)))
+        if p.residual is not None:
+            steps.append(("add", (acc, self.load_addend(p.residual, "res", box, n0, nn))))
+        if not steps:
+            steps.append(("cast", (acc,)))  # the one rounding to the output dtype
+        for i, (op, inputs) in enumerate(steps):
+            self.ins.append(Elementwise(op, out if i == len(steps) - 1 else acc, inputs))
         if nt != nn:
             pad = SpTensor(out_off + nn * p.out.itemsize, p.out_dtype, (nb, nm, nt - nn), dense)
             self.ins.append(Elementwise("copy", pad, (Scalar(0.0),)))
         self.ins.append(p.out.dma((b0, m0, n0), (nb, nm, nn), out_off, store=True, row_bytes=nt * p.out.itemsize))
 
-    def load_bias(self, b0: int, nb: int, m0: int, nm: int, n0: int, nn: int) -> SpTensor:
-        """The bias box, loaded once per distinct row (broadcast dims collapse), viewed at the chunk's shape."""
-        bias, nt = self.p.bias, _round(nn, UNIT)
-        dst = self.buf("bias")
-        self.ins.append(bias.dma((b0, m0, n0), (nb, nm, nn), dst, row_bytes=nt * bias.itemsize))
-        sb = nm * nt if bias.strides[0] and bias.strides[1] else nt
-        strides = (sb if bias.strides[0] else 0, nt if bias.strides[1] else 0, 1)
-        return SpTensor(dst, bias.layout.device_dtype, (nb, nm, nn), strides)
+    def load_addend(self, x: _Bound, buf: str, box: tuple[int, int, int, int], n0: int, nn: int) -> SpTensor:
+        """A bias or residual box, loaded once per distinct row (broadcast dims collapse), viewed at the
+        chunk's shape through stride-0 dims."""
+        b0, nb, m0, nm = box
+        nt = _round(nn, UNIT)
+        dst = self.buf(buf)
+        self.ins.append(x.dma((b0, m0, n0), (nb, nm, nn), dst, row_bytes=nt * x.itemsize))
+        sb = nm * nt if x.strides[0] and x.strides[1] else nt
+        strides = (sb if x.strides[0] else 0, nt if x.strides[1] else 0, 1)
+        return SpTensor(dst, x.layout.device_dtype, (nb, nm, nn), strides)
 
 
 def _chunks_el(total: int, step: int) -> list[tuple[int, int]]:
@@ -1187,7 +1226,7 @@ def generate(spec: MatmulSpec, split: Split, tiles: Tiles, config: CardConfig) -
 def _operands(p: _Problem) -> list[Operand]:
     out = []
     seen = set()
-    for role, bound, access in (("a", p.a, "in"), ("b", p.b, "in"), ("bias", p.bias, "in"), ("out", p.out, "out")):
+    for bound, access in ((p.a, "in"), (p.b, "in"), (p.bias, "in"), (p.residual, "in"), (p.out, "out")):
         if bound is None or bound.name in seen:
             continue
         seen.add(bound.name)
@@ -1292,7 +1331,7 @@ def _decisions(spec: MatmulSpec, cfg: CardConfig, ranked: list[_Choice],
     sh = _core_shape(p, s, t, work[0])
     sp_plan = plan(_buffers(p, s, t, sh), cfg.scratchpad_plannable_bytes)
     d = KernelDecisions(spec.name, "matmul", list(spec.source_ops))
-    for role, bound, kind in (("a", p.a, "input"), ("b", p.b, "weight"), ("bias", p.bias, "input"), ("out", p.out, "output")):
+    for bound, kind in ((p.a, "input"), (p.b, "weight"), (p.bias, "input"), (p.residual, "input"), (p.out, "output")):
         if bound is not None:
             d.buffers.append(BufferDecision(bound.name, kind, bound.layout.describe()))
     d.work_division = {"cores": s.cores, "split": {"batch": s.batch, "M": s.m, "N_sticks": s.n, "K_split": s.k},
