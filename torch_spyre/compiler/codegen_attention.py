@@ -918,8 +918,11 @@ def _decisions(spec: AttentionSpec, dims: _Dims, t: Tiling, sp_plan: Any, per_co
                   "mask": None if mask is None else f"{mask.dtype} strides {list(mask.strides)}"}
     dec.scratchpad = {"peak_bytes": sp_plan.peak_bytes, "capacity": sp_plan.capacity,
                       "buffers": {b.name: [b.offset, b.aligned_bytes] for b in sp_plan.buffers}}
-    dec.overlap = {"double_buffered": ["k", "v", "s", "p", "mask (per block)", "q", "acc", "o (per item)"],
-                   "pipeline": "QK^T of block n+1 issued before softmax/PV of block n"}
+    dec.overlap = {"double_buffered": ["k", "v", "s", "p", "mask (per block)", "q", "acc", "l"]
+                   + ([] if t.out_slots > 2 else ["o (per item)"]),
+                   "pipeline": "QK^T of block n+1 issued before softmax/PV of block n",
+                   "stores": (f"held: {t.out_slots} output tiles per core, stored after a fence" if t.out_slots > 2
+                              else "as each item finishes")}
     dec.alternatives = considered[:8]
     dec.notes = [
         "S, running max and sum, and the accumulator are fp32; P is rounded to the input dtype for the PE arrays",
