@@ -21,6 +21,7 @@ def test_evaluate_inductor_index_functions():
     np.testing.assert_array_equal(access.evaluate("FloorDiv(x1, 4)", v), x1 // 4)
     np.testing.assert_array_equal(access.evaluate("ModularIndexing(x0 + 6*x1, 3, 5)", v), ((x0 + 6 * x1) // 3) % 5)
     np.testing.assert_array_equal(access.evaluate("Min(x0, x1)", v), np.minimum(x0, x1))
+    np.testing.assert_array_equal(access.evaluate("floor(x1/2) + 3*x0", v), x1 // 2 + 3 * x0)
     with pytest.raises(AccessError, match="no value"):
         access.evaluate("x2 + 1", v)
 

@@ -71,6 +71,9 @@ _FUNCS: dict[str, Callable[..., Any]] = {
     "RoundToInt": lambda x: np.round(x).astype(np.int64),
     "IntTrueDiv": lambda a, b: np.true_divide(a, b),
     "FloatTrueDiv": lambda a, b: np.true_divide(a, b),
+    "floor": lambda x: np.floor(x).astype(np.int64),  # sympy's own, e.g. floor(x1/2)
+    "ceiling": lambda x: np.ceil(x).astype(np.int64),
+    "Abs": np.abs,
     "Min": lambda *a: _fold(np.minimum, a),
     "Max": lambda *a: _fold(np.maximum, a),
 }
@@ -346,8 +349,11 @@ def uniform_split(m: np.ndarray) -> tuple[int, int] | None:
     for axis in range(m.ndim):
         if m.shape[axis] <= 1:
             continue
-        d = np.diff(m.astype(np.int64), axis=axis)
-        bad = np.any(d != 0, axis=tuple(k for k in range(d.ndim) if k != axis))
+        a, b = np.take(m, range(1, m.shape[axis]), axis=axis), np.take(m, range(m.shape[axis] - 1), axis=axis)
+        changed = a != b
+        if m.dtype.kind == "f":
+            changed &= ~(np.isnan(a) & np.isnan(b))
+        bad = np.any(changed, axis=tuple(k for k in range(changed.ndim) if k != axis))
         pos = np.flatnonzero(bad)
         if pos.size:
             return axis, int(pos[0]) + 1

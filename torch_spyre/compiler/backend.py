@@ -316,16 +316,30 @@ def _lower_matmul(kind: str):
         from torch._inductor import ir
 
         n_in = MATMUL_KINDS[kind]
-        inputs = [_matmul_operand(ir.ExternKernel.realize_input(a)) for a in args[:n_in]]
+        out_dtype = args[n_in - 1].get_dtype()
+        inputs = [_matmul_operand(ir.ExternKernel.realize_input(_pe_dtype(a, i < n_in - 2)))
+                  for i, a in enumerate(args[:n_in])]
         beta = kwargs.get("beta", args[n_in] if len(args) > n_in else 1)
         alpha = kwargs.get("alpha", args[n_in + 1] if len(args) > n_in + 1 else 1)
         a, b = inputs[-2], inputs[-1]
         roles = (["bias"] if n_in == 3 else []) + ["a", "b"]
         size = [*a.get_size()[:-1], b.get_size()[-1]]
-        return _extern("matmul", kind, roles, inputs, size, a.get_dtype(),
-                       {"kind": kind, "alpha": float(alpha), "beta": float(beta)})
+        params = {"kind": kind, "alpha": float(alpha), "beta": float(beta)}
+        if out_dtype == torch.float32:
+            params["note"] = "fp32 operands rounded to DLFloat16 for the PE arrays (fp32 accumulation and output)"
+        return _extern("matmul", kind, roles, inputs, size, out_dtype, params)
 
     return lower
+
+
+def _pe_dtype(x, is_bias: bool):
+    """The PE arrays multiply 16-bit floats: fp32 matmul operands are rounded to fp16 (DLFloat16 on the
+    card) by a cast kernel; the product still accumulates and is written in fp32. A bias keeps its dtype."""
+    from torch._inductor import lowering as L
+
+    if is_bias or x.get_dtype() != torch.float32:
+        return x
+    return L.to_dtype(x, torch.float16)
 
 
 def _lower_embedding(weight, indices, *args, **kwargs):
@@ -372,9 +386,30 @@ def _matmul_operand(x):
     pointwise kernel). Permutes and slices stay views; the matmul generator reads them as they are."""
     from torch._inductor import ir
 
-    if isinstance(x, ir.ReinterpretView) and len(x.get_size()) != len(x.data.get_size()):
+    if isinstance(x, ir.ReinterpretView) and not _walks_buffer_dims(x):
         return ir.ExternKernel.copy_input(x)
     return x
+
+
+def _walks_buffer_dims(view) -> bool:
+    """Every view dim (of size > 1) moves along one dim of its buffer's dense host shape, each a
+    different one (what a stick layout can serve as one stride): true of permutes and slices, false of
+    reshapes that merge or split dims (heads split out of a fused projection, batch folded into rows)."""
+    try:
+        base = view.data.get_layout()
+        host = [(int(n), int(st)) for n, st in zip(base.size, base.stride) if int(n) > 1]
+        used: set[int] = set()
+        for n, st in zip(view.get_size(), view.get_stride()):
+            n, st = int(n), int(st)
+            if n <= 1:
+                continue
+            match = [h for h, (hn, hst) in enumerate(host) if hst == st and n <= hn and h not in used]
+            if not match:
+                return False
+            used.add(match[0])
+        return True
+    except (TypeError, AttributeError):  # symbolic or unusual layouts: copy to be safe
+        return False
 
 
 def _register_lowerings() -> None:

@@ -271,6 +271,20 @@ def _make_wrapper_class():
             comment = _layout_comment(shape, stride, dtype)
             return f"{name} = empty_spyre({size_t}, {stride_t}, {dtype}, {device.index or 0}){comment}"
 
+        def make_buffer_reuse(self, old, new, delete_old: bool):
+            """Inductor reuses a dead buffer of the same byte size; on the card that is only right when the
+            stick layout is the same too (a generator is given the allocation's layout, and a matmul wants
+            its operands' sticks where they belong). Otherwise: free the old one, allocate the new one."""
+            from torch._inductor.virtualized import V
+
+            device = new.get_device()
+            if device is None or device.type != "spyre" or _same_stick_layout(old, new):
+                return super().make_buffer_reuse(old, new, delete_old)
+            alloc = self.make_allocation(new.get_name(), device, new.get_dtype(), new.get_size(), new.get_stride())
+            if delete_old and old.get_name() not in V.graph.get_output_names():
+                return f"{self.make_buffer_free(old)}; {alloc}"
+            return alloc
+
         # --- host fallbacks are counted ------------------------------------------------------------
         def _note_fallback(self, node: Any) -> None:
             name = (getattr(node, "python_kernel_name", None) or
@@ -311,6 +325,18 @@ def _is_spyre_node(node: Any) -> bool:
     except Exception:  # noqa: BLE001
         return True
     return dev is None or dev.type == "spyre"
+
+
+def _same_stick_layout(old: Any, new: Any) -> bool:
+    try:
+        from ..device import tensor
+
+        def layout(b):
+            return tensor.layout_for([int(x) for x in b.get_size()], [int(x) for x in b.get_stride()], b.get_dtype())
+
+        return layout(old) == layout(new)
+    except Exception:  # noqa: BLE001 - symbolic shapes: keep Inductor's choice
+        return True
 
 
 def _layout_comment(shape, stride, dtype) -> str:
