@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -62,6 +63,8 @@ CASES: list[tuple[str, MatmulSpec]] = [
     ("MiniLM FFN down", mm(128, 1536, 384)),
     ("MiniLM FFN up, linear W[N,K]", linear(128, 384, 1536)),
     ("  same, W sticked on N", linear(128, 384, 1536, weight_stick=0)),
+    ("  + GELU fused", replace(linear(128, 384, 1536), activation="gelu", name="linear_gelu")),
+    ("MiniLM FFN down + residual", replace(linear(128, 1536, 384), residual=buf("res", (128, 384)), name="linear_res")),
     ("1024^3", mm(1024, 1024, 1024)),
     ("2048x1024x2048", mm(2048, 1024, 2048)),
     ("long K", mm(64, 4096, 64)),
@@ -110,6 +113,10 @@ def check(card: Card, spec: MatmulSpec, prog) -> float:
         want = torch.nn.functional.linear(dl["x"], dl["w"], dl["bias"])
     else:
         want = dl["a"] @ dl["b"]
+    if spec.activation:
+        want = {"gelu": torch.nn.functional.gelu, "relu": torch.relu}[spec.activation](want)
+    if spec.residual is not None:
+        want = want + dl[spec.residual.name]
     got = outs[spec.out.name]
     return ((got - want).abs().max() / want.abs().max()).item()
 
