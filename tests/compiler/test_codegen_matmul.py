@@ -401,3 +401,18 @@ def test_unknown_activation():
     spec = replace(mm_spec(buf("a", (64, 64)), buf("b", (64, 64)), buf("c", (64, 64))), activation="softmax")
     with pytest.raises(MatmulSpecError, match="activation 'softmax' is not a vector-unit op"):
         build_matmul(spec, CFG)
+
+
+def test_single_row_batched_output(card):
+    """M = 1 in a batch (decode-style baddbmm): a size-1 dim is not a broadcast output."""
+    g = torch.Generator().manual_seed(14)
+    a, b, bias = randn(g, 3, 1, 300), randn(g, 3, 300, 70, scale=0.1), randn(g, 3, 1, 70)
+    spec = baddbmm_spec(buf("bias", (3, 1, 70)), buf("a", (3, 1, 300)), buf("b", (3, 300, 70)), buf("c", (3, 1, 70)))
+    got, _ = run(card, spec, {"a": a, "b": b, "bias": bias})
+    assert_matches(got, dl(bias) + dl(a) @ dl(b))
+
+
+def test_broadcast_output_is_refused():
+    out = TensorView("c", StickLayout((64, 64), 1, DL), (2, 64, 64), (0, 64, 1))
+    with pytest.raises(MatmulSpecError, match="broadcast"):
+        build_matmul(bmm_spec(buf("a", (2, 64, 64)), buf("b", (2, 64, 64)), out), CFG)

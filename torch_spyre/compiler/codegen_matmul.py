@@ -384,7 +384,7 @@ def _check(spec: MatmulSpec) -> _Problem:
     if O.lane_dim != 2:
         raise MatmulSpecError(f"out %{spec.out.name} must be sticked on N (its last dim); it is sticked on view dim "
                               f"{O.lane_dim}: give the output the layout preferred_layouts() names")
-    if 0 in O.strides[:2] and (O.sizes[0] > 1 or O.sizes[1] > 1) and not (O.strides[0] == 0 and O.sizes[0] == 1):
+    if any(O.strides[d] == 0 and O.sizes[d] > 1 for d in (0, 1)):
         raise MatmulSpecError(f"out %{spec.out.name} has a broadcast (stride 0) dimension: results would overlap")
     _check_out_sticks(spec.out, O)
     bias, residual = (_bind_addend(v, role, (batch, a[1], b[2])) for v, role in ((spec.bias, "bias"), (spec.residual, "residual")))
