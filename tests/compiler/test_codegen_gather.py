@@ -113,6 +113,44 @@ def test_index_view_with_offset_and_strides(card, config):
     torch.testing.assert_close(got, F.embedding(base[:, 1:21], weight).float(), **DL_TOL)
 
 
+@pytest.mark.parametrize("shape,cols,dtype,index_dtype", [
+    ((5, 100), 3, torch.float16, torch.int64),
+    ((4, 7, 130), 9, torch.float32, torch.int32),  # 3-d, rows spanning three sticks
+    ((64, 3000), 1, torch.float16, torch.int64),  # picking one logit per row
+    ((3, 40), 300, torch.float16, torch.int64),  # more indices than columns, repeated
+])
+def test_gather_along_the_stick_dim_matches_torch(card, config, shape, cols, dtype, index_dtype):
+    g = _gen(6)
+    x = torch.randn(shape, generator=g).to(dtype)
+    ishape = shape[:-1] + (cols,)
+    idx = torch.randint(0, shape[-1], ishape, generator=g).to(index_dtype)
+    spec = GatherSpec("gather", TensorArg.contiguous("x", shape, dtype), TensorArg.contiguous("i", ishape, index_dtype),
+                      TensorArg.contiguous("o", ishape, dtype), -1)
+    got, program, dec = _run(card, config, spec, {"x": x, "i": idx})
+    assert dec.tiling["mode"].startswith("element gather")
+    torch.testing.assert_close(got, torch.gather(x, -1, idx.long()).float(), **DL_TOL)
+
+
+def test_index_select_along_the_stick_dim(card, config):
+    g = _gen(7)
+    x = torch.randn(6, 5, 100, generator=g).half()
+    idx = torch.randint(0, 100, (17,), generator=g)
+    got, _, _ = _run(card, config, GatherSpec.index_select((6, 5, 100), -1, 17), {"source": x, "indices": idx})
+    torch.testing.assert_close(got, x.index_select(-1, idx).float(), **DL_TOL)
+
+
+@pytest.mark.parametrize("bad", [100, -3])
+def test_element_gather_index_out_of_range(card, config, bad):
+    spec = GatherSpec("gather", TensorArg.contiguous("x", (4, 100), torch.float16),
+                      TensorArg.contiguous("i", (4, 5), torch.int64), TensorArg.contiguous("o", (4, 5), torch.float16), 1)
+    program, _ = build_gather(spec, config)
+    idx = torch.zeros(4, 5, dtype=torch.int64)
+    idx[2, 3] = bad
+    with pytest.raises(ExecutionError, match=r"outside \[0, 100\)") as err:
+        run_on_card(card, program, {"x": torch.randn(4, 100).half(), "i": idx})
+    assert "index tensor %i" in explain_gather_error(program, err.value)
+
+
 # ---------------------------------------------------------------------------------------------
 # Out-of-range indices
 # ---------------------------------------------------------------------------------------------
@@ -192,7 +230,6 @@ def test_source_view_merging_dims_needs_a_relayout(config):
     (lambda: GatherSpec("embedding", TensorArg.contiguous("w", (10, 64), torch.float16),
                         TensorArg.contiguous("i", (4,), torch.int64),
                         TensorArg.contiguous("o", (4, 32), torch.float16)), "expected \\[4, 64\\]"),
-    (lambda: GatherSpec.index_select((10, 64), 1, 4), "stick dim .* relayout"),
     (lambda: GatherSpec("gather", TensorArg.contiguous("x", (10, 64), torch.float16),
                         TensorArg.contiguous("i", (4, 64), torch.int64),
                         TensorArg.contiguous("o", (4, 64), torch.float16), 0), "varies along dim"),

@@ -13,8 +13,9 @@ of the gathered dimension form ``i * R + P``: a fixed set ``P`` of stick offsets
 stride ``R`` (e.g. an embedding table [V, D] sticked on D: ``R`` = 1 stick, ``P`` = {s * V}: the D sticks
 of one row are V sticks apart). ``P`` splits into contiguous runs and each run is one DmaGather, so an
 embedding row of D fp16 values costs ceil(D / 64) gathers per chunk of indices, whatever the number of
-indices. Gathering along the stick dimension itself would pick single elements inside sticks, which no
-DMA can do: that needs a relayout first, and the generator says so.
+indices. Gathering along the stick dimension itself (torch.gather or index_select along the last dim)
+picks single elements inside sticks: each index then gathers the stick holding its element, and a
+one-hot select on the vector unit keeps its lane (two stick reads per element; see the last section).
 
 Per core: load a chunk of indices (whole index sticks) by DMA, gather each run into scratchpad, store
 the gathered sticks to the output rows (compressed DMA patterns); chunks alternate between two buffer
@@ -220,14 +221,14 @@ def dma_tile(arg: TensorArg, dev: np.ndarray, sp_offset: int, store: bool) -> li
             for d, s, pat in stick_patterns(dev)]
 
 
-def check_owns_sticks(arg: TensorArg, lane0: int, ncols: int, role: str) -> None:
+def check_owns_sticks(arg: TensorArg, lane0: int, ncols: int, role: str, col0: int = 0) -> None:
     """A kernel stores whole sticks: an output row must own its sticks (start at lane 0, and end at a
     stick boundary or at the end of the stick dim, where the rest is padding), or cores would overwrite
     each other's values."""
     lay = arg.layout
     extent = lay.host_shape[lay.stick_dim] if lay.host_shape else 1
     coord0 = (arg.storage_offset // lay.host_strides[lay.stick_dim]) % extent
-    ends_at_padding = coord0 + ncols == extent
+    ends_at_padding = coord0 + col0 + ncols == extent  # columns [col0, col0 + ncols) of the row
     if lane0 != 0 or (ncols % lay.lanes and not ends_at_padding):
         raise CodegenError(
             f"{role} %{arg.name}: each output row of {ncols} elements shares its sticks with other data "
@@ -266,9 +267,10 @@ class GatherSpec:
 
     - ``embedding``: out[*idx, :] = source[idx, :]; source [V, D], out idx.shape + [D] (dim must be 0).
     - ``index_select``: out = source.index_select(dim, index), index 1-d (or 0-d).
-    - ``gather``: out = torch.gather(source, dim, index) — only when index is constant along every
-      other dim (stride 0, i.e. an expanded index), which makes it an index_select of a narrowed source;
-      anything else picks single elements inside sticks and is refused with an explanation.
+    - ``gather``: out = torch.gather(source, dim, index): along the last (stick) dim element by element;
+      along another dim only when index is constant along every other dim (stride 0, i.e. an expanded
+      index), which makes it an index_select of a narrowed source; anything else is refused with an
+      explanation.
 
     ``chunk`` forces the indices gathered per DmaGather step (None: as many as fit, balanced over cores)."""
 
@@ -582,6 +584,10 @@ def build_gather(spec: GatherSpec, config: CardConfig) -> tuple[Program, KernelD
     """embedding / index_select / (expanded-index) gather -> (Program, KernelDecisions). Raises
     CodegenError for specs it cannot compile; an index outside the source's rows stops the program on
     the card (see :func:`explain_gather_error`)."""
+    if _is_element_gather(spec):
+        return build_element_gather(spec, config)
+    if spec.kind == "index_select" and len(spec.source.shape) > 1 and spec.dim % len(spec.source.shape) == len(spec.source.shape) - 1:
+        return build_element_gather(_select_as_gather(spec), config)
     p = _normalise(spec)
     rows = _source_rows(p)
     idx_rows = int(np.prod(p.index.shape[:-1])) if len(p.index.shape) > 1 else 1
@@ -678,3 +684,229 @@ def generate(kspec: Any, places: dict[str, Any], config: CardConfig) -> Program:
     decisions.source_lines = list(getattr(kspec, "source_lines", []))
     program.metadata["decisions"] = decisions.to_dict()
     return program
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.gather along the stick dim: element gathers
+# ---------------------------------------------------------------------------------------------
+# out[r, j] = x[r, idx[r, j]] picks one element inside a stick. Per index: gather the stick that holds it
+# (its number computed from the index on the vector unit), then keep its lane with a one-hot select and
+# a row sum (exact: one non-zero term). A first DmaGather over the raw indices with num_rows = C makes
+# the card check them against the gathered dim, so a bad index stops the program with torch's range.
+ELEMENT_CHUNK_BYTES = 640  # scratchpad bytes per index per buffer set (gathered stick, one-hot, select, ...)
+
+
+def _select_as_gather(spec: GatherSpec) -> GatherSpec:
+    """index_select along the last dim is a gather whose index is the same for every row (stride 0)."""
+    src, idx = spec.source, spec.index
+    if len(idx.shape) > 1:
+        raise CodegenError(f"index_select index %{idx.name} must be 1-d, got shape {list(idx.shape)}")
+    n, stride = (idx.shape[0], idx.strides[0]) if idx.shape else (1, 1)
+    expanded = TensorArg(idx.name, idx.layout, (*src.shape[:-1], n), (0,) * (len(src.shape) - 1) + (stride,),
+                         idx.storage_offset)
+    return GatherSpec("gather", src, expanded, spec.out, -1, spec.name, spec.chunk,
+                      spec.source_ops or ("aten.index_select.default",))
+
+
+def _is_element_gather(spec: GatherSpec) -> bool:
+    return spec.kind == "gather" and len(spec.source.shape) >= 1 and spec.dim % len(spec.source.shape) == len(spec.source.shape) - 1
+
+
+@dataclass(frozen=True)
+class _ElementPlan:
+    source: TensorArg
+    index: TensorArg
+    out: TensorArg
+    first: np.ndarray  # [index rows] device stick of column 0 of the source row each index row reads
+    lane0: int  # lane of column 0 in that stick (the same for every row)
+    kstride: int  # device sticks between consecutive sticks of one source row
+    rows: int  # index rows (all dims but the last)
+    cols: int  # indices per row
+    valid: int  # the source's gathered (last) dim: indices must lie in [0, valid)
+
+
+def _element_plan(spec: GatherSpec) -> _ElementPlan:
+    src, idx, out = spec.source, spec.index, spec.out
+    if idx.dtype not in INDEX_DTYPES:
+        raise CodegenError(f"gather index %{idx.name} must be int64 or int32, got {idx.dtype}")
+    if src.dtype != out.dtype:
+        raise CodegenError(f"gather: source %{src.name} is {src.dtype} but out %{out.name} is {out.dtype}")
+    if len(idx.shape) != len(src.shape) or out.shape != idx.shape:
+        raise CodegenError(f"gather: index {list(idx.shape)} must have the source's rank {len(src.shape)} and out "
+                           f"its shape (out is {list(out.shape)})")
+    if any(i > s for i, s in zip(idx.shape[:-1], src.shape[:-1])):
+        raise CodegenError(f"gather index shape {list(idx.shape)} exceeds source {list(src.shape)} off the last dim")
+    for role, t in (("source", src), ("index", idx), ("out", out)):
+        t.check_last_dim_sticked(f"gather {role}")
+    n_rows = int(np.prod(idx.shape[:-1]))
+    lead = np.stack(np.unravel_index(np.arange(n_rows), idx.shape[:-1]), axis=1) if len(idx.shape) > 1 \
+        else np.zeros((1, 0), dtype=np.int64)
+    dev, lane0 = src.row_sticks(lead.astype(np.int64), 0, src.shape[-1])
+    kstride = int(dev[0, 1] - dev[0, 0]) if dev.shape[1] > 1 else 0
+    if dev.shape[1] > 1 and not np.array_equal(dev, dev[:, :1] + kstride * np.arange(dev.shape[1])):
+        raise CodegenError(f"gather source %{src.name}: a row's sticks are not evenly spaced; relayout it first")
+    return _ElementPlan(src, idx, out, dev[:, 0], lane0, kstride, n_rows, idx.shape[-1], src.shape[-1])
+
+
+def _element_chunks(ep: _ElementPlan, per_chunk: int) -> list[_Chunk]:
+    """Whole index rows (or 128-aligned pieces of one row), never across a break in the rows' first
+    sticks' stride, so a chunk's row bases are first + i * stride."""
+    if ep.cols > per_chunk:
+        seg = max(128, per_chunk // 128 * 128)
+        return [_Chunk(r, r + 1, c, min(ep.cols, c + seg)) for r in range(ep.rows) for c in range(0, ep.cols, seg)]
+    step = max(1, per_chunk // ep.cols)
+    out, r = [], 0
+    while r < ep.rows:
+        end = min(ep.rows, r + step)
+        d = np.diff(ep.first[r:end])
+        if d.size and (d != d[0]).any():
+            end = r + 1 + int(np.flatnonzero(d != d[0])[0])
+        out.append(_Chunk(r, end, 0, ep.cols))
+        r = end
+    return out
+
+
+class _ElementEmitter:
+    """One core's chunks; ``sp(name, ...)`` views into its planned buffers (two sets, by chunk parity)."""
+
+    def __init__(self, ep: _ElementPlan, buf: dict[str, int]):
+        self.ep, self.buf = ep, buf
+        self.ins: list[Instruction] = []
+        self.val_dtype = "int64" if ep.source.dtype in ("int64", "int32", "bool") else "float32"
+
+    def sp(self, name: str, dtype: str, shape: tuple[int, ...], strides: tuple[int, ...] | None = None,
+           elem_offset: int = 0) -> SpTensor:
+        from torch_spyre.program import SP_DTYPES
+
+        return SpTensor(self.buf[name] + elem_offset * SP_DTYPES[dtype], dtype, shape, strides)
+
+    def ew(self, op: str, out: SpTensor, *inputs: SpTensor | int | float) -> None:
+        from torch_spyre.program import Elementwise, Scalar
+
+        self.ins.append(Elementwise(op, out, tuple(x if isinstance(x, SpTensor) else Scalar(x) for x in inputs)))
+
+    def iota(self, name: str, n: int) -> SpTensor:
+        """0 .. n-1 in scratchpad with no constants: n-1 zeros then n ones, summed through a sliding
+        window (row i of the [n, n] window, strides [1, 1], holds i + 1 ones)."""
+        from torch_spyre.program import Reduce
+
+        self.ew("copy", self.sp(name, "int64", (n - 1,)), 0)
+        self.ew("copy", self.sp(name, "int64", (n,), elem_offset=n - 1), 1)
+        out = self.sp(name, "int64", (n, 1), elem_offset=2 * n - 1)
+        self.ins.append(Reduce("sum", out, self.sp(name, "int64", (n, n), (1, 1)), axis=1))
+        self.ew("sub", out, out, 1)
+        return out
+
+    def run(self, chunks: list[_Chunk], max_rows: int) -> list[Instruction]:
+        lanes = self.ep.source.lanes
+        self.iota_rows = self.iota("iota_rows", max(max_rows, 2))
+        iota_lanes = self.iota("iota_lanes", lanes)
+        self.iota_lanes = SpTensor(iota_lanes.offset, "int64", (lanes,), (1,))
+        for n, c in enumerate(chunks):
+            self.chunk(c, n % 2)
+        return self.ins
+
+    def chunk(self, c: _Chunk, p: int) -> None:
+        from torch_spyre.program import Reduce
+
+        ep, nr, nc = self.ep, c.r1 - c.r0, c.c1 - c.c0
+        n, lanes = nr * nc, ep.source.lanes
+        idx = ep.index
+        lead = np.stack(np.unravel_index(np.arange(c.r0, c.r1), idx.shape[:-1]), axis=1).astype(np.int64) \
+            if len(idx.shape) > 1 else np.zeros((1, 0), dtype=np.int64)
+        dev, l0 = idx.row_sticks(lead, c.c0, nc)
+        self.ins += dma_tile(idx, dev, self.buf[f"idx{p}"], store=False)
+        index = self.sp(f"idx{p}", idx.dtype, (nr, nc), (dev.shape[1] * idx.lanes, 1), l0)
+        rows = SpTensor(self.buf[f"g{p}"], ep.source.dtype, (n, lanes))
+        # The card checks every index against the gathered dim (row_stride 0: each reads one stick).
+        self.ins.append(DmaGather(Addr(ep.source.name, 0), index, 0, 1, rows.offset, ep.valid))
+        # Stick of each element: first(row) + ((idx + lane0) // lanes) * kstride.
+        base = self.sp(f"base{p}", "int64", (nr, 1))
+        step = int(ep.first[c.r1 - 1] - ep.first[c.r0]) // max(1, nr - 1) if nr > 1 else 0
+        self.ew("fma", base, SpTensor(self.iota_rows.offset, "int64", (nr, 1)), step, int(ep.first[c.r0]))
+        pos = self.sp(f"pos{p}", "int64", (nr, nc))
+        self.ew("add", pos, index, ep.lane0)
+        stick = self.sp(f"stick{p}", "int64", (nr, nc))
+        self.ew("floordiv", stick, pos, lanes)
+        self.ew("fma", stick, stick, ep.kstride, SpTensor(base.offset, "int64", (nr, nc), (1, 0)))
+        self.ins.append(DmaGather(Addr(ep.source.name, 0), stick, STICK_BYTES, 1, rows.offset,
+                                  ep.source.layout.nbytes // STICK_BYTES))
+        # Keep each stick's lane (idx + lane0) % lanes: one-hot, select, row sum.
+        self.ew("remainder", pos, pos, lanes)
+        hot = self.sp(f"hot{p}", "bool", (n, lanes))
+        self.ew("eq", hot, SpTensor(pos.offset, "int64", (n, lanes), (1, 0)),
+                SpTensor(self.iota_lanes.offset, "int64", (n, lanes), (0, 1)))
+        sel = self.sp(f"sel{p}", self.val_dtype, (n, lanes))
+        self.ew("where", sel, hot, rows, 0)
+        val = self.sp(f"val{p}", self.val_dtype, (n, 1))
+        self.ins.append(Reduce("sum", val, sel, axis=1))
+        self._store(c, p, val)
+
+    def _store(self, c: _Chunk, p: int, val: SpTensor) -> None:
+        ep, nr, nc = self.ep, c.r1 - c.r0, c.c1 - c.c0
+        out = ep.out
+        lead = np.stack(np.unravel_index(np.arange(c.r0, c.r1), out.shape[:-1]), axis=1).astype(np.int64) \
+            if len(out.shape) > 1 else np.zeros((1, 0), dtype=np.int64)
+        dev, l0 = out.row_sticks(lead, c.c0, nc)
+        check_owns_sticks(out, l0, nc, "gather out", c.c0)
+        w = dev.shape[1] * out.lanes
+        if w > nc:  # padding lanes are stored with the row: give them a value
+            self.ew("copy", self.sp(f"o{p}", out.dtype, (nr, w - nc), (w, 1), nc), 0)
+        self.ew("cast", self.sp(f"o{p}", out.dtype, (nr, nc), (w, 1)), SpTensor(val.offset, val.dtype, (nr, nc)))
+        self.ins += dma_tile(out, dev, self.buf[f"o{p}"], store=True)
+
+
+def _element_buffers(ep: _ElementPlan, per_chunk: int, max_rows: int) -> list[SpBuffer]:
+    n, lanes = per_chunk, ep.source.lanes
+    isz = ep.source.layout.itemsize
+    k_idx = -(-(per_chunk + ep.index.lanes) // ep.index.lanes) + 1
+    k_out = -(-(per_chunk + ep.out.lanes) // ep.out.lanes) + 1
+    out = [SpBuffer("iota_rows", 8 * (3 * max(max_rows, 2))), SpBuffer("iota_lanes", 8 * 3 * lanes)]
+    for p in range(2):
+        out += [SpBuffer(f"idx{p}", max_rows * k_idx * STICK_BYTES), SpBuffer(f"g{p}", n * STICK_BYTES),
+                SpBuffer(f"base{p}", 8 * max_rows), SpBuffer(f"pos{p}", 8 * n), SpBuffer(f"stick{p}", 8 * n),
+                SpBuffer(f"hot{p}", n * lanes), SpBuffer(f"sel{p}", n * lanes * (8 if isz != 2 and isz != 4 else 4)),
+                SpBuffer(f"val{p}", 8 * n), SpBuffer(f"o{p}", max_rows * k_out * STICK_BYTES)]
+    return out
+
+
+def build_element_gather(spec: GatherSpec, config: CardConfig) -> tuple[Program, KernelDecisions]:
+    """torch.gather along the source's stick (last) dim, element by element (see the section comment)."""
+    ep = _element_plan(spec)
+    per_chunk = spec.chunk or max(1, min(config.scratchpad_plannable_bytes // (2 * ELEMENT_CHUNK_BYTES),
+                                         -(-ep.rows * ep.cols // config.num_cores)))
+    chunks = _element_chunks(ep, per_chunk)
+    per_core = [cs for cs in _split(chunks, config.num_cores) if cs]
+    max_rows = max(c.r1 - c.r0 for c in chunks)
+    largest = max(c.size for c in chunks)
+    try:
+        sp_plan = plan(_element_buffers(ep, largest, max_rows), config.scratchpad_plannable_bytes)
+    except ScratchpadOverflowError as e:
+        raise CodegenError(f"gather {spec.name}: a chunk of {largest} indices does not fit: {e}") from None
+    buf = {b.name: b.offset for b in sp_plan.buffers}
+    cores = {core: _ElementEmitter(ep, buf).run(cs, max_rows)
+             for core, cs in zip(core_ids(len(per_core), config), per_core)}
+    dec = KernelDecisions(spec.name, "gather", source_ops=list(spec.source_ops) or ["aten.gather.default"])
+    dec.buffers = [BufferDecision(t.name, role, t.describe()) for role, t in
+                   (("input", ep.source), ("input", ep.index), ("output", ep.out))]
+    sizes = [sum(c.size for c in cs) for cs in per_core]
+    dec.work_division = {"unit": "index rows (output rows own their sticks)", "cores": len(per_core),
+                         "positions_per_core": [min(sizes), max(sizes)], "chunks": len(chunks)}
+    dec.tiling = {"mode": "element gather along the stick dim", "positions_per_chunk": per_chunk,
+                  "gathers_per_chunk": 2, "valid_rows": ep.valid, "dim": len(ep.source.shape) - 1}
+    dec.scratchpad = {"peak_bytes": sp_plan.peak_bytes, "capacity": sp_plan.capacity,
+                      "buffers": {b.name: [b.offset, b.aligned_bytes] for b in sp_plan.buffers}}
+    dec.overlap = {"double_buffered": ["idx", "g", "pos", "stick", "hot", "sel", "val", "o"]}
+    dec.alternatives = [{"option": "relayout the source sticked on another dim, then a row gather", "chosen": False,
+                         "why": "a pass over the whole source for a few elements per row"},
+                        {"option": "one stick per index + one-hot lane select", "chosen": True,
+                         "cost": "two 128-byte stick reads per gathered element (range check + value)"}]
+    dec.notes = [f"indices outside [0, {ep.valid}) stop the program at the first DmaGather (card check)"]
+    operands = [ep.source.operand("in")]
+    if ep.index.name != ep.source.name:
+        operands.append(ep.index.operand("in"))
+    operands.append(ep.out.operand("out"))
+    meta = {"kind": "gather", "decisions": dec.to_dict(),
+            "gather": {"index_operand": ep.index.name, "source_operand": ep.source.name,
+                       "dim": len(ep.source.shape) - 1, "valid_range": [0, ep.valid]}}
+    return Program(spec.name, operands, cores, meta), dec
