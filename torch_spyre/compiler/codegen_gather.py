@@ -858,14 +858,14 @@ class _ElementEmitter:
 
 def _element_buffers(ep: _ElementPlan, per_chunk: int, max_rows: int) -> list[SpBuffer]:
     n, lanes = per_chunk, ep.source.lanes
-    isz = ep.source.layout.itemsize
+    sel_bytes = 8 if ep.source.dtype in ("int64", "int32", "bool") else 4  # int64 or fp32 selections
     k_idx = -(-(per_chunk + ep.index.lanes) // ep.index.lanes) + 1
     k_out = -(-(per_chunk + ep.out.lanes) // ep.out.lanes) + 1
     out = [SpBuffer("iota_rows", 8 * (3 * max(max_rows, 2))), SpBuffer("iota_lanes", 8 * 3 * lanes)]
     for p in range(2):
         out += [SpBuffer(f"idx{p}", max_rows * k_idx * STICK_BYTES), SpBuffer(f"g{p}", n * STICK_BYTES),
                 SpBuffer(f"base{p}", 8 * max_rows), SpBuffer(f"pos{p}", 8 * n), SpBuffer(f"stick{p}", 8 * n),
-                SpBuffer(f"hot{p}", n * lanes), SpBuffer(f"sel{p}", n * lanes * (8 if isz != 2 and isz != 4 else 4)),
+                SpBuffer(f"hot{p}", n * lanes), SpBuffer(f"sel{p}", n * lanes * sel_bytes),
                 SpBuffer(f"val{p}", 8 * n), SpBuffer(f"o{p}", max_rows * k_out * STICK_BYTES)]
     return out
 
