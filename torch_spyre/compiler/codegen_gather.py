@@ -36,14 +36,18 @@ from torch_spyre.card.layout import STICK_BYTES, StickLayout
 from torch_spyre.compiler.decisions import BufferDecision, KernelDecisions
 from torch_spyre.compiler.scratchpad import ScratchpadOverflowError, SpBuffer, plan
 from torch_spyre.program import (
+    SP_DTYPES,
     Addr,
     DmaGather,
     DmaLoad,
     DmaPattern,
     DmaStore,
+    Elementwise,
     Instruction,
     Operand,
     Program,
+    Reduce,
+    Scalar,
     SpTensor,
 )
 
@@ -776,20 +780,14 @@ class _ElementEmitter:
 
     def sp(self, name: str, dtype: str, shape: tuple[int, ...], strides: tuple[int, ...] | None = None,
            elem_offset: int = 0) -> SpTensor:
-        from torch_spyre.program import SP_DTYPES
-
         return SpTensor(self.buf[name] + elem_offset * SP_DTYPES[dtype], dtype, shape, strides)
 
     def ew(self, op: str, out: SpTensor, *inputs: SpTensor | int | float) -> None:
-        from torch_spyre.program import Elementwise, Scalar
-
         self.ins.append(Elementwise(op, out, tuple(x if isinstance(x, SpTensor) else Scalar(x) for x in inputs)))
 
     def iota(self, name: str, n: int) -> SpTensor:
         """0 .. n-1 in scratchpad with no constants: n-1 zeros then n ones, summed through a sliding
         window (row i of the [n, n] window, strides [1, 1], holds i + 1 ones)."""
-        from torch_spyre.program import Reduce
-
         self.ew("copy", self.sp(name, "int64", (n - 1,)), 0)
         self.ew("copy", self.sp(name, "int64", (n,), elem_offset=n - 1), 1)
         out = self.sp(name, "int64", (n, 1), elem_offset=2 * n - 1)
@@ -807,8 +805,6 @@ class _ElementEmitter:
         return self.ins
 
     def chunk(self, c: _Chunk, p: int) -> None:
-        from torch_spyre.program import Reduce
-
         ep, nr, nc = self.ep, c.r1 - c.r0, c.c1 - c.c0
         n, lanes = nr * nc, ep.source.lanes
         idx = ep.index
