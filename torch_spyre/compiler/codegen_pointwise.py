@@ -220,6 +220,7 @@ class Dag:
         self.aliases = dict(aliases)
         self._extents()
         self._phases()
+        self._guards()
 
     def _phases(self) -> None:
         aliases = getattr(self, "aliases", {})
@@ -251,8 +252,10 @@ class Dag:
     def _guards(self) -> None:
         """The static masks under which each value exists (Inductor's ``masked``): loads carry them, ops
         inherit them, ``where(mask, a, b)`` removes ``mask`` from its branches'."""
+        aliases = getattr(self, "aliases", {})
         for v in self.values:
-            g = set(v.attrs.get("guards", [])) if v.op == "load" else set()
+            # A load served from scratchpad reads nothing out of range: its masks do not restrict it.
+            g = set(v.attrs.get("guards", [])) if v.op == "load" and v.gid not in aliases else set()
             ins = self.inputs(v)
             if v.op == "where":
                 c = ins[0]
