@@ -166,6 +166,7 @@ def test_out_of_range_index_stops_with_a_clear_error(card, config, bad):
     with pytest.raises(ExecutionError, match=r"gather index -?\d+ .* outside \[0, 100\)") as err:
         run_on_card(card, program, {"weight": torch.randn(100, 64).half(), "indices": idx})
     assert "%weight" in str(err.value)  # the card names the instruction, and with it the source
+    assert "the index tensor is %indices" in str(err.value)  # and the index tensor, from the metadata
     explained = explain_gather_error(program, err.value)
     assert "index tensor %indices" in explained and "[0, 100)" in explained and "%weight" in explained
 

@@ -572,6 +572,14 @@ class _Execution:
         self.stats._add(self.stats.dma_write_bytes, st.id, ins.pattern.nbytes)
         return True
 
+    def _gather_origin(self) -> str:
+        """Which tensors a gather reads, when the compiler recorded it (program.metadata["gather"])."""
+        g = self.program.metadata.get("gather")
+        if not isinstance(g, dict) or "index_operand" not in g:
+            return ""
+        return (f"; the index tensor is %{g['index_operand']}, whose values must be valid rows of "
+                f"%{g.get('source_operand', '?')} along dim {g.get('dim', 0)}")
+
     def _dma_gather(self, st: _Core, ins: DmaGather) -> bool:
         index = self._read(st, ins.index, "index").reshape(-1)
         if index.dtype.kind != "i":
@@ -579,7 +587,7 @@ class _Execution:
         bad = np.flatnonzero((index < 0) | (index >= ins.num_rows))
         if bad.size:
             raise self._fail(st, f"gather index {int(index[bad[0]])} at position {int(bad[0])} is outside "
-                                 f"[0, {ins.num_rows}) ({bad.size} indices out of range)")
+                                 f"[0, {ins.num_rows}) ({bad.size} indices out of range){self._gather_origin()}")
         row_bytes = ins.row_sticks * STICK_BYTES
         n = index.size
         self._check_span(st, ins.sp_offset, ins.sp_offset + n * row_bytes, "the gather destination")
