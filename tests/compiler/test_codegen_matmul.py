@@ -354,6 +354,8 @@ FORCED = [
     ("transposed A, K-split", _at_case(130, 200, 64), Split(1, 2, 1, 2), Tiles(1, 64, 1, 1, False, "data")),
     ("addmm M x N bias, fp32 out", _addmm_case(70, 300, 90), Split(1, 2, 2, 2), Tiles(1, 20, 1, 1, True, "reduce")),
     ("baddbmm fp32 bias per batch", _baddbmm_case(2, 40, 96, 130), Split(2, 2, 1, 1), Tiles(1, 8, 1, 1, False)),
+    ("one accumulator, K-split", _mm_case(100, 700, 300), Split(1, 1, 2, 2), Tiles(1, 100, 1, 2, True, "data", False)),
+    ("one accumulator, batches", _bmm_case(3, 65, 130, 200), Split(1, 1, 1, 1), Tiles(1, 65, 2, 1, False, "", False)),
 ]
 
 

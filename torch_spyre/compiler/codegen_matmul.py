@@ -455,12 +455,16 @@ class Tiles:
     kt: int
     a_resident: bool
     network: str = ""  # where K-split partial sums travel: "reduce" or "data" ring ("" without a K-split)
+    # Two accumulators let one N tile's epilogue run behind the next tile's matmuls; one accumulator
+    # halves that space for wider N tiles (less A traffic) at the cost of a serial epilogue per tile.
+    acc_double: bool = True
 
     def __str__(self) -> str:
         res = ", A resident" if self.a_resident else ""
         rows = f"{self.bt}x{self.mt}" if self.bt > 1 else f"{self.mt}"
         net = f", sums over the {self.network} ring" if self.network else ""
-        return f"M {rows} rows, N {self.nt} sticks, K {self.kt} sticks{res}{net}"
+        acc = "" if self.acc_double else ", one accumulator"
+        return f"M {rows} rows, N {self.nt} sticks, K {self.kt} sticks{res}{net}{acc}"
 
 
 def _chunks(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
@@ -599,7 +603,7 @@ def _buffers(p: _Problem, s: Split, t: Tiles, sh: _Shape) -> list[SpBuffer]:
     bufs += [SpBuffer(f"b{i}", kt * nt * 2) for i in range(2)]
     if p.b_transposed:
         bufs += [SpBuffer(f"b_t{i}", nt * kt * 2) for i in range(2)]
-    n_acc = 2 if sh.n_tiles * sh.groups > 1 else 1
+    n_acc = 2 if t.acc_double and sh.n_tiles * sh.groups > 1 else 1
     bufs += [SpBuffer(f"acc{i}", sh.row_tiles * rows * nt * 4) for i in range(n_acc)]
     chunk = sh.chunk_rows if s.k > 1 else rows
     if p.needs_epilogue:
@@ -765,6 +769,9 @@ def estimate(p: _Problem, s: Split, t: Tiles, cfg: CardConfig, traffic: _SplitTr
         drain += (s.k - 1) * (chunk * 4 / link_bw + _vector_cycles(cfg, chunk, 4) / clock)
         drain += max(0, tail - chunk) * 4 / link_bw / 2
     exposed = _exposed_latency(p, t, sh, cfg, steady["pe"])
+    tiles = sh.n_tiles * (1 if p.b_shared else sh.groups)
+    if not t.acc_double and tiles > 1:
+        exposed += (tiles - 1) * drain  # each tile's epilogue now runs alone, like the last one's
     compute = max(steady["pe"], steady["vector"])
     memory = max(steady["dma_core"], steady["dram"], steady["ring"])
     # Two double-buffered sides never overlap perfectly: a share of the shorter one shows.
@@ -861,6 +868,8 @@ def _candidate_tiles(p: _Problem, s: Split, cfg: CardConfig) -> Iterable[Tiles]:
                             continue  # nothing to reuse
                         for net in networks:
                             yield Tiles(bt, mt, nt, kt, res, net)
+                            if -(-nu // nt) > 1:
+                                yield Tiles(bt, mt, nt, kt, res, net, acc_double=False)
 
 
 @dataclass
@@ -1002,7 +1011,11 @@ class _Emitter:
                 if pending is not None:  # the previous tile's epilogue runs behind these matmuls
                     self.epilogue(*pending)
                 pending = (acc, rts, n0, nn)
-        self.epilogue(*pending)
+                if "acc1" not in self.off:  # one accumulator: its epilogue must finish before reuse
+                    self.epilogue(*pending)
+                    pending = None
+        if pending is not None:
+            self.epilogue(*pending)
         return self.ins
 
     # --- loads -----------------------------------------------------------------------------------
