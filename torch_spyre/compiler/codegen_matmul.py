@@ -887,6 +887,8 @@ def _best_tiles(p: _Problem, s: Split, cfg: CardConfig) -> _Choice | None:
     scored = []
     for t in _candidate_tiles(p, s, cfg):
         sh = _core_shape(p, s, t, w)
+        if not t.acc_double and _fits(p, s, replace(t, acc_double=True), sh, cfg):
+            continue  # one accumulator only pays when two do not fit
         if _fits(p, s, t, sh, cfg):
             scored.append((estimate(p, s, t, cfg, traffic), _instructions(sh), t))
     if not scored:
