@@ -712,62 +712,14 @@ def _split_traffic(p: _Problem, s: Split, cfg: CardConfig) -> _SplitTraffic:
 
 
 def estimate(p: _Problem, s: Split, t: Tiles, cfg: CardConfig, traffic: _SplitTraffic | None = None) -> Estimate:
-    """Seconds for plan (s, t): fixed cost + pipeline fill + the busiest resource + drain. Resources: PE
-    arrays and vector unit of the busiest core, its DMA channels, the shared DRAM, the busiest ring link."""
+    """Seconds for plan (s, t): fixed cost + pipeline fill + busy time + drain + exposed latency. Busy
+    time combines compute (PE arrays, vector unit of the busiest core) and data movement (its DMA
+    channels, the shared DRAM, the busiest ring link)."""
     tr = traffic or _split_traffic(p, s, cfg)
-    w0 = tr.work[0]  # the first core has the largest box
-    sh = _core_shape(p, s, t, w0)
-    clock = cfg.clock_hz
-    # --- PE: separable sums over the tiles of the largest core
-    rows = _counted(_row_pieces(p, t, w0))
-    kp, np_ = _counted(_pieces(w0.kcols[1], sh.kt_el)), _counted(_pieces(w0.ncols[1], sh.nt_el))
-    per_pass = sum(_matmul_cycles(cfg, r, k, n) * cr * ck * cn for r, cr in rows for k, ck in kp for n, cn in np_)
-    pe_cycles = per_pass * (1 if p.b_shared else sh.groups)
-    elems_out = sh.group_rows * w0.ncols[1] * (1 if p.b_shared else sh.groups)
-    # --- vector: epilogue, K-split adds, transposes
-    vec = 0
-    for op in p.epilogue_steps or (["cast"] if p.needs_epilogue else []):
-        vec += _vector_cycles(cfg, elems_out, 4) * (1 + cfg.vector_transcendental_cycles if op in TRANSCENDENTAL_OPS else 1)
-    if s.k > 1:
-        vec += _vector_cycles(cfg, elems_out, 4)  # one add of a partner's partial per element
-    a_reload = 1 if t.a_resident else sh.n_tiles
-    if p.b_transposed:
-        vec += _vector_cycles(cfg, sh.groups * w0.kcols[1] * w0.ncols[1], 2)
-    if p.a_transposed:
-        vec += _vector_cycles(cfg, w0.batches[1] * w0.rows[1] * w0.kcols[1] * a_reload, 2)
-    # --- DMA: each core's read and write channels, and the shared LPDDR5
-    dma_rate = cfg.dma_bytes_per_cycle * clock
-    reads = [a * a_reload + o for a, o in zip(tr.a, tr.other_reads)]
-    dma_core = max(max(reads), max(tr.writes)) / dma_rate
-    t_r, t_w = 1 / cfg.dram_read_bandwidth, 1 / cfg.dram_write_bandwidth
-    # Read/write turnaround is left out: the stores mostly come after the loads have finished.
-    dram = sum(reads) * t_r + sum(tr.writes) * t_w + _turnaround(p, t, sh, tr, reads, cfg)
-    # --- ring links: DRAM traffic to and from the memory stop, and K-split partial sums
-    reduce_bw = cfg.reduction_ring_bytes_per_cycle * clock * cfg.ring_efficiency
-    link_bw = reduce_bw if t.network == "reduce" else cfg.ring_link_bandwidth
-    half = sh.group_rows * _round(w0.ncols[1], UNIT) * 4 * (1 if p.b_shared else sh.groups) / 2
-    load = {l: tr.link_a.get(l, 0) * a_reload + tr.link_other.get(l, 0) for l in set(tr.link_a) | set(tr.link_other)}
-    ring = max(load.values(), default=0) / cfg.ring_link_bandwidth
-    if s.k > 1:
-        if t.network == "data":
-            ring = max([ring] + [(load.get(l, 0) + c * half) / link_bw for l, c in tr.chain_pairs.items()])
-        else:
-            ring = max(ring, max(c * half for c in tr.chain_pairs.values()) / link_bw)
-    steady = {"pe": pe_cycles / clock, "vector": vec / clock, "dma_core": dma_core, "dram": dram, "ring": ring}
-    # --- pipeline fill and drain: the first tiles load before any PE work; the last N tile's epilogue
-    # (vector work, stores, and the K-split chain) cannot hide behind matmuls.
-    first = (sh.tile_rows * sh.kt_el + sh.kt_el * sh.nt_el) * 2
-    fill = cfg.dram_latency_s + max(first / dma_rate, first * len(tr.work) * t_r)
-    chunk_rows = min(sh.chunk_rows, sh.group_rows)
-    tail = sh.group_rows * sh.nt_el
-    storing = len(tr.work) if s.k == 1 else 2 * len(tr.work) // s.k
-    out_bytes = tail * p.out.itemsize / (1 if s.k == 1 else 2)
-    drain = cfg.dram_latency_s + max(out_bytes / dma_rate, out_bytes * storing * t_w)
-    drain += _vector_cycles(cfg, tail, 4) * (2 if s.k > 1 else 1) / clock
-    if s.k > 1:
-        chunk = chunk_rows * sh.nt_el
-        drain += (s.k - 1) * (chunk * 4 / link_bw + _vector_cycles(cfg, chunk, 4) / clock)
-        drain += max(0, tail - chunk) * 4 / link_bw / 2
+    sh = _core_shape(p, s, t, tr.work[0])  # the first core has the largest box
+    steady = {"pe": _pe_seconds(p, t, sh, tr.work[0], cfg), "vector": _vector_seconds(p, s, t, sh, tr.work[0], cfg),
+              **_memory_seconds(p, s, t, sh, tr, cfg)}
+    fill, drain = _fill_seconds(sh, len(tr.work), cfg), _drain_seconds(p, s, t, sh, len(tr.work), cfg)
     exposed = _exposed_latency(p, t, sh, cfg, steady["pe"])
     tiles = sh.n_tiles * (1 if p.b_shared else sh.groups)
     if not t.acc_double and tiles > 1:
@@ -778,6 +730,78 @@ def estimate(p: _Problem, s: Split, t: Tiles, cfg: CardConfig, traffic: _SplitTr
     busy = max(compute, memory) + OVERLAP_LOSS * min(compute, memory)
     total = cfg.kernel_fixed_cost_s + fill + busy + drain + exposed
     return Estimate(total, {**steady, "fill": fill, "drain": drain, "exposed_latency": exposed})
+
+
+def _pe_seconds(p: _Problem, t: Tiles, sh: _Shape, w: _CoreWork, cfg: CardConfig) -> float:
+    """The core's matmuls at the PE arrays' rate (summed over the distinct tile sizes)."""
+    rows = _counted(_row_pieces(p, t, w))
+    kp, np_ = _counted(_pieces(w.kcols[1], sh.kt_el)), _counted(_pieces(w.ncols[1], sh.nt_el))
+    per_pass = sum(_matmul_cycles(cfg, r, k, n) * cr * ck * cn for r, cr in rows for k, ck in kp for n, cn in np_)
+    return per_pass * (1 if p.b_shared else sh.groups) / cfg.clock_hz
+
+
+def _vector_seconds(p: _Problem, s: Split, t: Tiles, sh: _Shape, w: _CoreWork, cfg: CardConfig) -> float:
+    """Epilogue ops (fp32), K-split adds and in-scratchpad transposes of the core."""
+    elems_out = sh.group_rows * w.ncols[1] * (1 if p.b_shared else sh.groups)
+    vec = 0
+    for op in p.epilogue_steps or (["cast"] if p.needs_epilogue else []):
+        slow = 1 + cfg.vector_transcendental_cycles if op in TRANSCENDENTAL_OPS else 1
+        vec += _vector_cycles(cfg, elems_out, 4) * slow
+    if s.k > 1:
+        vec += _vector_cycles(cfg, elems_out, 4)  # one add of a partner's partial per element
+    if p.b_transposed:
+        vec += _vector_cycles(cfg, sh.groups * w.kcols[1] * w.ncols[1], 2)
+    if p.a_transposed:
+        a_reload = 1 if t.a_resident else sh.n_tiles
+        vec += _vector_cycles(cfg, w.batches[1] * w.rows[1] * w.kcols[1] * a_reload, 2)
+    return vec / cfg.clock_hz
+
+
+def _memory_seconds(p: _Problem, s: Split, t: Tiles, sh: _Shape, tr: _SplitTraffic, cfg: CardConfig) -> dict[str, float]:
+    """The busiest core's DMA channel, the shared LPDDR5 (with read/write turnaround), and the busiest
+    ring link (DRAM traffic to and from the memory stop, plus K-split partial sums)."""
+    a_reload = 1 if t.a_resident else sh.n_tiles
+    reads = [a * a_reload + o for a, o in zip(tr.a, tr.other_reads)]
+    dma_core = max(max(reads), max(tr.writes)) / (cfg.dma_bytes_per_cycle * cfg.clock_hz)
+    dram = sum(reads) / cfg.dram_read_bandwidth + sum(tr.writes) / cfg.dram_write_bandwidth
+    dram += _turnaround(p, t, sh, tr, reads, cfg)
+    link_bw = _chain_link_bandwidth(t, cfg)
+    half = sh.group_rows * _round(tr.work[0].ncols[1], UNIT) * 4 * (1 if p.b_shared else sh.groups) / 2
+    load = {l: tr.link_a.get(l, 0) * a_reload + tr.link_other.get(l, 0) for l in set(tr.link_a) | set(tr.link_other)}
+    ring = max(load.values(), default=0) / cfg.ring_link_bandwidth
+    if s.k > 1:  # chunks alternate direction: half the partial sums cross each link each way
+        if t.network == "data":
+            ring = max([ring] + [(load.get(l, 0) + c * half) / link_bw for l, c in tr.chain_pairs.items()])
+        else:
+            ring = max(ring, max(c * half for c in tr.chain_pairs.values()) / link_bw)
+    return {"dma_core": dma_core, "dram": dram, "ring": ring}
+
+
+def _chain_link_bandwidth(t: Tiles, cfg: CardConfig) -> float:
+    if t.network == "reduce":
+        return cfg.reduction_ring_bytes_per_cycle * cfg.clock_hz * cfg.ring_efficiency
+    return cfg.ring_link_bandwidth
+
+
+def _fill_seconds(sh: _Shape, cores: int, cfg: CardConfig) -> float:
+    """The first A and B tiles load before any PE work, every core at once over the shared DRAM."""
+    first = (sh.tile_rows * sh.kt_el + sh.kt_el * sh.nt_el) * 2
+    return cfg.dram_latency_s + max(first / (cfg.dma_bytes_per_cycle * cfg.clock_hz), first * cores / cfg.dram_read_bandwidth)
+
+
+def _drain_seconds(p: _Problem, s: Split, t: Tiles, sh: _Shape, cores: int, cfg: CardConfig) -> float:
+    """The last N tile's epilogue cannot hide behind matmuls: its vector work, stores and K-split chain."""
+    clock, link_bw = cfg.clock_hz, _chain_link_bandwidth(t, cfg)
+    tail = sh.group_rows * sh.nt_el
+    storing = cores if s.k == 1 else 2 * cores // s.k
+    out_bytes = tail * p.out.itemsize / (1 if s.k == 1 else 2)
+    drain = cfg.dram_latency_s + max(out_bytes / (cfg.dma_bytes_per_cycle * clock), out_bytes * storing / cfg.dram_write_bandwidth)
+    drain += _vector_cycles(cfg, tail, 4) * (2 if s.k > 1 else 1) / clock
+    if s.k > 1:
+        chunk = min(sh.chunk_rows, sh.group_rows) * sh.nt_el
+        drain += (s.k - 1) * (chunk * 4 / link_bw + _vector_cycles(cfg, chunk, 4) / clock)
+        drain += max(0, tail - chunk) * 4 / link_bw / 2
+    return drain
 
 
 def _turnaround(p: _Problem, t: Tiles, sh: _Shape, tr: _SplitTraffic, reads: list[int], cfg: CardConfig) -> float:
