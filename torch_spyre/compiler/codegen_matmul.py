@@ -22,8 +22,8 @@ How a program is shaped (docs/compiler.md, "The matmul family"):
 - **Order.** Weight-stationary: for each N tile, for each K tile, one B tile stays while A tiles stream
   through it; A stays resident in scratchpad when it fits. A, B (and transposition staging) buffers and
   the fp32 accumulators are double-buffered, so loads overlap PE work and one tile's epilogue overlaps
-  the next tile's matmuls. The epilogue (bias, alpha/beta, rounding to the output dtype) runs once per
-  output element in fp32 and rounds once.
+  the next tile's matmuls. The epilogue (alpha, beta * bias, an activation, a residual) runs in fp32
+  and rounds once to the output dtype.
 - **K-split.** Partners each accumulate a K slice; partial sums (fp32) flow down a chain of adjacent
   partners, chunk by chunk, alternating direction so both ring directions work; the last partner of a
   chain adds the epilogue and stores. Receive buffers are reused with credit tokens (signal/wait).
@@ -897,13 +897,15 @@ def _candidate_tiles(p: _Problem, s: Split, cfg: CardConfig) -> Iterable[Tiles]:
 
 
 @dataclass
-class _Choice:
+class Plan:
+    """A work division, its tiles and the cost model's estimate."""
+
     split: Split
     tiles: Tiles
     est: Estimate
 
 
-def _best_tiles(p: _Problem, s: Split, cfg: CardConfig) -> _Choice | None:
+def _best_tiles(p: _Problem, s: Split, cfg: CardConfig) -> Plan | None:
     """The cheapest tiles for split ``s`` that fit the scratchpad. Estimates within 1 % of the best count
     as a tie, settled by the fewest instructions (a smaller program, faster to prepare and simulate)."""
     traffic = _split_traffic(p, s, cfg)
@@ -919,7 +921,7 @@ def _best_tiles(p: _Problem, s: Split, cfg: CardConfig) -> _Choice | None:
         return None
     best = min(e.total_s for e, _, _ in scored)
     e, _, t = min((c for c in scored if c[0].total_s <= 1.01 * best), key=lambda c: (c[1], c[0].total_s))
-    return _Choice(s, t, e)
+    return Plan(s, t, e)
 
 
 def _instructions(sh: _Shape) -> int:
@@ -943,7 +945,7 @@ def _core_span(p: _Problem, w: _CoreWork) -> int:
     return total
 
 
-def rank_plans(spec: MatmulSpec, config: CardConfig, top: int | None = None) -> list[_Choice]:
+def rank_plans(spec: MatmulSpec, config: CardConfig, top: int | None = None) -> list[Plan]:
     """Every feasible split with its best tiles, cheapest estimate first."""
     p = _check(spec)
     choices, over_span = [], 0
@@ -1350,7 +1352,7 @@ def naive_split(spec: MatmulSpec, config: CardConfig) -> Split:
     return best
 
 
-def plan_for_split(spec: MatmulSpec, split: Split, config: CardConfig) -> _Choice:
+def plan_for_split(spec: MatmulSpec, split: Split, config: CardConfig) -> Plan:
     """The best tiles for a given split (for comparing alternatives)."""
     p = _check(spec)
     if _assign(p, split, config) is None:
@@ -1361,7 +1363,7 @@ def plan_for_split(spec: MatmulSpec, split: Split, config: CardConfig) -> _Choic
     return c
 
 
-def _decisions(spec: MatmulSpec, cfg: CardConfig, ranked: list[_Choice],
+def _decisions(spec: MatmulSpec, cfg: CardConfig, ranked: list[Plan],
                simulated: dict[int, float] | None = None) -> KernelDecisions:
     p = _check(spec)
     best = ranked[0]
@@ -1408,7 +1410,7 @@ def _decisions(spec: MatmulSpec, cfg: CardConfig, ranked: list[_Choice],
     return d
 
 
-def _layout_notes(p: _Problem, spec: MatmulSpec, cfg: CardConfig, best: _Choice) -> list[str]:
+def _layout_notes(p: _Problem, spec: MatmulSpec, cfg: CardConfig, best: Plan) -> list[str]:
     """What a transposed operand costs here, against relayouting it once in its own kernel."""
     notes = []
     for role, flag, bound in (("b", p.b_transposed, p.b), ("a", p.a_transposed, p.a)):
