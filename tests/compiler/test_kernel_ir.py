@@ -75,8 +75,17 @@ def test_dtype_check():
         check_computable("float64", "op add")
 
 
-def test_recording_handler_refuses_indirect_indexing():
-    h = RecordingHandler(set())
-    with pytest.raises(NotImplementedError, match="indirect"):
-        h.indirect_indexing(None, 10)
-    assert DynamicShapeError.__mro__[1].__name__ == "LoweringError"
+def test_indirect_indexing_is_recorded_and_resolved_when_static():
+    import sympy
+
+    from torch_spyre.compiler.kernel_ir import LoweringError
+
+    h = RecordingHandler({"x0"})
+    i = h.index_expr(sympy.Symbol("x0"), torch.int64)
+    sym = h.indirect_indexing(i, 10)
+    assert str(sym) == "ind0" and h.ops[-1].op == "indirect" and h.ops[-1].attrs["size"] == 10
+    assert h.check_bounds(sym, 10, True, True) is None
+    assert issubclass(DynamicShapeError, LoweringError)
+    # x[arange(n) * 2]: the index is computed by a pointwise kernel, the rows by the gather generator
+    specs = specs_of(lambda a: a[torch.arange(8, device=a.device) * 2] + 1, torch.randn(16, 4).half())
+    assert [s.generator for s in specs].count("gather") == 1

@@ -412,6 +412,35 @@ def _walks_buffer_dims(view) -> bool:
         return False
 
 
+def _graph_on_spyre(gm) -> bool:
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.device.type == DEVICE:
+            return True
+    return False
+
+
+def _no_device_constant_folding() -> None:
+    """Inductor's joint-graph constant folding runs the foldable ops on real tensors of the graph's
+    device and reads the results back. On spyre that rounds through DLFloat16, whose single NaN/Inf code
+    turns an fp16 ``-inf`` (or ``finfo(float16).min``, which rounds past fp16's range) into NaN, and the
+    host work counts as device fallbacks. Spyre graphs skip that pass; Inductor's lowering still folds
+    plain constants."""
+    from torch._inductor.fx_passes import joint_graph
+
+    original = joint_graph.constant_fold_uniform_value
+    if getattr(original, "_spyre_guard", False):
+        return
+
+    def constant_fold_uniform_value(gm):
+        if _graph_on_spyre(gm):
+            return None
+        return original(gm)
+
+    constant_fold_uniform_value._spyre_guard = True
+    joint_graph.constant_fold_uniform_value = constant_fold_uniform_value
+
+
 def _register_lowerings() -> None:
     from torch._inductor import lowering as L
 
@@ -458,6 +487,7 @@ def register() -> None:
         register_device_op_overrides(DEVICE, _make_op_overrides())
         register_interface_for_device(DEVICE, _make_device_interface())
         _register_lowerings()
+        _no_device_constant_folding()
         from .wrapper import register_builtin_generators
 
         register_builtin_generators()

@@ -159,6 +159,8 @@ class Dag:
                 gid = self._new("reduction", args, o.dtype, ni, reduction=o.attrs["reduction"])
             elif o.op == "to_dtype":
                 gid = self._new("to_dtype", args, o.dtype, ni)
+            elif o.op == "indirect":
+                gid = self._new("indirect", args, o.dtype, ni, **o.attrs)
             elif o.op == "identity":
                 gid = args[0]
             else:
@@ -195,12 +197,15 @@ class Dag:
             node_full = placements[v.node] in ("full", "reduction")
             if v.op == "const":
                 v.extent = "scalar"
-            elif v.op == "static":
+            elif v.op in ("static", "indirect"):
                 v.extent = "static"
             elif v.op == "load":
                 v.extent = "full" if node_full else "outer"
             elif v.op == "reduction":
                 v.extent = "outer"
+            elif v.op == "store" and self.values[v.args[0]].extent in ("static", "scalar"):
+                # a store of an index-only value (arange, full) still writes every element
+                v.extent = "full" if node_full else "outer"
             else:
                 ins = [self.values[a].extent for a in self.inputs(v)]
                 if "full" in ins:
@@ -425,6 +430,10 @@ class KernelGen:
             out = v.args[0]
         elif v.op == "static":
             out = access.evaluate(v.attrs["index"], env)
+        elif v.op == "indirect":
+            out = np.asarray(self.static_value(v.args[0], env, cache)).astype(np.int64)
+            if v.attrs.get("wrap_neg", True):
+                out = np.where(out < 0, out + v.attrs["size"], out)
         elif v.op == "to_dtype":
             x = self.static_value(v.args[0], env, cache)
             out = np.asarray(x).astype(np.float64 if v.sp_dtype in ("float32", "dlfloat16") else
@@ -456,6 +465,30 @@ class KernelGen:
                         out.append(g)
         return out
 
+    def node_env(self, node: int, xo, xs, ro, rs, outer: bool) -> dict[str, np.ndarray]:
+        """A node's loop variables over a tile, plus its indirect index symbols, which must be
+        computable from the loop indices (an index read from memory is a gather: refused here)."""
+        env = node_vars(self.spec, node, xo, xs, ro, rs, outer)
+        cache: dict[int, Any] = {}
+        for v in self.dag.values:
+            if v.node != node or v.op != "indirect":
+                continue
+            src = self.dag.values[v.args[0]]
+            if src.extent != "static" and not self._index_only(src.gid):
+                raise LoweringError(
+                    f"kernel {self.spec.name}: an index read from memory ({src.op}); data-dependent indexing "
+                    "(embedding, gather, index_select) runs on the gather generator: its lowering did not apply here")
+            env[v.attrs["symbol"]] = np.asarray(self.static_value(v.gid, env, cache))
+        return env
+
+    def _index_only(self, gid: int) -> bool:
+        v = self.dag.values[gid]
+        if v.op in ("const", "static"):
+            return True
+        if v.op == "load":
+            return False
+        return all(self._index_only(a) for a in self.dag.inputs(v))
+
     # --- analysing one chunk ---------------------------------------------------------------------
     def analyse(self, ch: Chunk, outer_only: bool = False) -> None:
         spec, dag = self.spec, self.dag
@@ -466,7 +499,7 @@ class KernelGen:
         def env(node: int, outer: bool) -> dict[str, np.ndarray]:
             table = env_outer if outer else env_full
             if node not in table:
-                table[node] = node_vars(spec, node, ch.xo, ch.xs, ch.ro, ch.rs, outer)
+                table[node] = self.node_env(node, ch.xo, ch.xs, ch.ro, ch.rs, outer)
             return table[node]
 
         static_cache: dict[tuple[int, bool], dict[int, Any]] = {}
@@ -525,8 +558,7 @@ class KernelGen:
         outer_static = {g: static(g, True) for g in statics if self._used_in(g, "outer")}
         if not outer_only:
             full_acc = [a for a in ch.accesses.values() if a.alias is None and a.same_as is None
-                        and a.sticks is not None and dag.values[a.gid].extent == "full"
-                        and (dag.values[a.gid].op == "load" or dag.values[dag.values[a.gid].args[0]].extent == "full")]
+                        and a.sticks is not None and dag.values[a.gid].extent == "full"]
             ch.full_boxes = self.partition(full_shape, full_acc, full_static)
         outer_acc = [a for a in ch.accesses.values()
                      if a.alias is None and a.same_as is None and a.sticks is not None and a.extent == "outer"]
@@ -852,8 +884,8 @@ class PointwiseGenerator(KernelGen):
             sticks = []
             for xo, xs in cboxes:
                 ro = tuple(0 for _ in self.spec.r_sizes)
-                e = node_vars(self.spec, v.node, xo, xs, ro, tuple(self.spec.r_sizes),
-                              outer or self.spec.nodes[v.node].placement == "outer")
+                e = self.node_env(v.node, xo, xs, ro, tuple(self.spec.r_sizes),
+                                  outer or self.spec.nodes[v.node].placement == "outer")
                 dev = access.device_elements(place, access.evaluate(v.attrs["index"], e), f"store to {v.attrs['buffer']}")
                 sticks.append(np.unique(dev // place.lanes))
             allst = np.concatenate(sticks)

@@ -303,10 +303,23 @@ class RecordingHandler:
         return self._emit("where", [mask, result, other_ref], dt)
 
     def indirect_indexing(self, index_var, size, check=True, wrap_neg=True):
-        raise LoweringError(
-            "indirect indexing (embedding, gather, index_select, index_put) is lowered by the gather "
-            "generator, not the pointwise one; it is not available yet in this build"
-        )
+        """An index computed by the kernel. Recorded as an ``indirect`` op binding a new symbol; the
+        generator resolves it when the value depends on loop indices only (masks built from ``arange``,
+        ``x[arange(n)]``): an index read from memory (embedding, gather) needs the gather generator."""
+        if not isinstance(index_var, _Ref):
+            raise LoweringError(f"indirect index {index_var!r} is not a recorded value")
+        name = f"ind{sum(1 for o in self.ops if o.op == 'indirect')}"
+        try:
+            size = int(size)
+        except TypeError:
+            raise DynamicShapeError("an indirect index into a symbolic size: compile with dynamic=False") from None
+        self._emit("indirect", [index_var], torch.int64, symbol=name, size=size, wrap_neg=bool(wrap_neg))
+        self.var_names.add(name)
+        return sympy.Symbol(name, integer=True)
+
+    def check_bounds(self, expr, size, lower, upper):
+        """Inductor's runtime bounds assertion: indices are checked when the generator evaluates them."""
+        return None
 
     def where(self, cond, a, b):
         return self._emit("where", [cond, a, b], self._dtype_of(a) or self._dtype_of(b))
@@ -445,8 +458,13 @@ def kernel_spec(name: str, nodes: list[Any], real_name: Any = None, internal: It
     xnumel, rnumel = math.prod(x_sizes), math.prod(r_sizes) if r_sizes else 1
     specs = []
     for n, (sizes, rsizes) in zip(nodes, ranges):
-        ops = _node_ops(n, sizes, rsizes, real_name)
-        node_ops, _ = origins_of([n])
+        node_ops, node_lines = origins_of([n])
+        try:
+            ops = _node_ops(n, sizes, rsizes, real_name)
+        except LoweringError as e:
+            where = ", ".join(node_ops) or n.get_name()
+            at = f" at {node_lines[0]}" if node_lines else ""
+            raise type(e)(f"{e} (while lowering {where}{at})") from None
         specs.append(NodeSpec(n.get_name(), sizes, rsizes, _placement(sizes, rsizes, xnumel, rnumel), ops, node_ops))
     source_ops, source_lines = origins_of(nodes)
     internal = sorted(internal)

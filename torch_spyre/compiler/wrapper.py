@@ -122,6 +122,35 @@ def _generator(spec: KernelSpec) -> Callable[..., Any]:
     return GENERATORS[spec.generator]
 
 
+# Whole-op programs by what they compute: the six identical matmuls of six transformer layers are
+# planned once (operands are role names, so a program fits every kernel with the same key).
+_WHOLE_OP_CACHE: dict[tuple, Any] = {}
+_WHOLE_OP_CACHE_SIZE = 512
+
+
+def _whole_op_program(spec: KernelSpec, places: dict[str, Any], config: Any):
+    import json
+
+    from ..program import Program
+
+    key = (spec.generator, json.dumps(spec.params, sort_keys=True, default=str),
+           tuple((b.name, b.dtype, tuple(b.size), tuple(b.stride), b.offset) for b in spec.buffers),
+           tuple(sorted(places.items(), key=lambda kv: kv[0])), id(config))
+    program = _WHOLE_OP_CACHE.get(key)
+    if program is None:
+        program = _generator(spec)(spec, places, config)
+        if len(_WHOLE_OP_CACHE) >= _WHOLE_OP_CACHE_SIZE:
+            _WHOLE_OP_CACHE.pop(next(iter(_WHOLE_OP_CACHE)))
+        _WHOLE_OP_CACHE[key] = program
+    if program.name == spec.name:
+        return program
+    meta = dict(program.metadata)
+    if isinstance(meta.get("decisions"), dict):
+        meta["decisions"] = {**meta["decisions"], "kernel": spec.name, "source_ops": list(spec.source_ops),
+                             "source_lines": list(spec.source_lines)}
+    return Program(spec.name, program.operands, program.cores, meta)
+
+
 class SpyreKernel:
     """One compiled kernel: generates and prepares its program per placement, launches it per call."""
 
@@ -173,7 +202,9 @@ class SpyreKernel:
         self.last_launch = launch(prepared, allocs)
 
     def program_for(self, places: dict[str, Any], config: Any):
-        return _generator(self.spec)(self.spec, places, config)
+        if not self.spec.generator:
+            return _generator(self.spec)(self.spec, places, config)
+        return _whole_op_program(self.spec, places, config)
 
     def _prepare(self, places: dict[str, Any], card: int, key: tuple):
         from ..device import cards
