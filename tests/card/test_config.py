@@ -89,3 +89,14 @@ def test_config_is_immutable():
     c = load_config(environ={})
     with pytest.raises(Exception):
         c.clock_hz = 2e9
+
+
+def test_a_misspelt_variable_is_reported_not_silently_ignored():
+    with pytest.warns(UserWarning, match=r"TORCH_SPYRE_CLOK_HZ is not a torch_spyre setting.*TORCH_SPYRE_CLOCK_HZ"):
+        c = load_config(environ={"TORCH_SPYRE_CLOK_HZ": "1e9"})
+    assert c.clock_hz == 1.1e9
+
+
+def test_settings_read_elsewhere_are_not_reported(recwarn):
+    load_config(environ={"TORCH_SPYRE_DEBUG": "1", "TORCH_SPYRE_DLFLOAT16": "0"})
+    assert not [w for w in recwarn if "not a torch_spyre setting" in str(w.message)]

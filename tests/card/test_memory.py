@@ -99,3 +99,14 @@ def test_each_card_has_its_own_address_range():
 def test_negative_size():
     with pytest.raises(ValueError, match="negative"):
         DeviceMemory(MiB).allocate(-1)
+
+
+def test_an_allocation_larger_than_host_ram_succeeds_until_touched():
+    # 64 GiB on a card of 128 GiB: host pages are committed only where written.
+    m = DeviceMemory(128 * 1024 * MiB)
+    a = m.allocate(64 * 1024 * MiB)
+    a.buffer[:: 1 << 30] = 7  # touch one byte per GiB
+    assert m.allocated == 64 * 1024 * MiB and int(a.buffer[1 << 30]) == 7
+    m.free(a)
+    m.empty_cache()
+    assert m.reserved == 0

@@ -13,8 +13,10 @@ Invalid values raise :class:`ConfigError`, naming the field, the value and what 
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import warnings
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +27,8 @@ Confidence = Literal["official", "paper", "community", "derived", "assumed"]
 
 ENV_PREFIX = "TORCH_SPYRE_"
 CONFIG_FILE_ENV = "TORCH_SPYRE_CONFIG"
+# Variables of this prefix that are not card figures (read elsewhere in torch_spyre).
+OTHER_ENV_VARS = frozenset({CONFIG_FILE_ENV, "TORCH_SPYRE_DLFLOAT16", "TORCH_SPYRE_DEBUG", "TORCH_SPYRE_DEBUG_DIR"})
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -261,7 +265,17 @@ def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
         key = ENV_PREFIX + name.upper()
         if key in environ:
             out[name] = environ[key]
+    _warn_unknown_env(environ)
     return out
+
+
+def _warn_unknown_env(environ: dict[str, str]) -> None:
+    """A misspelt variable would otherwise be ignored without a word."""
+    known = {ENV_PREFIX + n.upper() for n in CardConfig.model_fields} | OTHER_ENV_VARS
+    for key in sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in known):
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        warnings.warn(f"{key} is not a torch_spyre setting and is ignored{hint}", stacklevel=3)
 
 
 def _format_errors(err: ValidationError, sources: dict[str, str]) -> str:

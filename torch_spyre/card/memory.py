@@ -12,6 +12,7 @@ back to an :class:`Allocation` (``find`` / ``find_host``).
 from __future__ import annotations
 
 import bisect
+import mmap
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,24 @@ class DeviceOutOfMemoryError(MemoryError):
 
 class InvalidAddressError(ValueError):
     pass
+
+
+class HostMemoryExhaustedError(MemoryError):
+    """The host could not back a simulated allocation (the card itself still had room)."""
+
+
+# Blocks this large are mapped with MAP_NORESERVE: the host commits pages only when they are touched,
+# so a simulated allocation larger than the host's RAM still succeeds (as the card's would) until used.
+_MMAP_THRESHOLD = 1 << 20
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux's value; Python 3.11 does not export it
+
+
+def _host_buffer(size: int) -> np.ndarray:
+    """Zeroed host memory for ``size`` device bytes, committed only when touched."""
+    if size < _MMAP_THRESHOLD:
+        return np.zeros(size, dtype=np.uint8)
+    region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+    return np.frombuffer(region, dtype=np.uint8)  # keeps the mapping alive as long as the array
 
 
 def _human(n: float) -> str:
@@ -116,11 +135,14 @@ class DeviceMemory:
                     self.empty_cache()
                 address = self._take_range(size)
                 try:
-                    buffer = np.zeros(size, dtype=np.uint8)  # calloc: host pages appear only when touched
-                except MemoryError:
+                    buffer = _host_buffer(size)
+                except (MemoryError, OSError) as e:
                     self._give_range(address, size)
-                    self.num_ooms += 1
-                    raise DeviceOutOfMemoryError(size, self.capacity - self.allocated, self.capacity, self.card)
+                    raise HostMemoryExhaustedError(
+                        f"spyre:{self.card} has {_human(self.capacity - self.allocated)} free, but this host could "
+                        f"not reserve {_human(size)} to simulate the allocation ({e}); free host memory or use "
+                        f"smaller tensors"
+                    ) from None
                 alloc = Allocation(address, size, buffer)
                 self.reserved += size
                 self.peak_reserved = max(self.peak_reserved, self.reserved)
