@@ -98,3 +98,9 @@ def test_bad_work_is_rejected(card):
     other = S.Stream(card + 1)
     with pytest.raises(RuntimeError, match="spyre"):
         s.wait_stream(other)
+
+
+def test_streams_carry_their_device_like_torch_streams(card):
+    s = S.Stream(card)
+    assert s.device_index == card
+    assert str(s.device) == f"spyre:{card}" or s.device.index == card

@@ -111,6 +111,17 @@ class Stream:
         self._clock = clock(self.card)
         self._clock._streams.add(self)
 
+    # --- the attributes torch.Stream has (Dynamo reads ``device`` off the current stream) -----------
+    @property
+    def device(self):
+        import torch
+
+        return torch.device("spyre", self.card)
+
+    @property
+    def device_index(self) -> int:
+        return self.card
+
     # --- queueing -------------------------------------------------------------------------------
     def enqueue(
         self, name: str, duration: float, *, kind: str = "kernel", resource: str = "compute",
