@@ -8,8 +8,8 @@ import torch_spyre
 from torch_spyre.compiler import backend, wrapper
 
 backend.register()
-# Programs are generated from the kernel specs the wrapper references: keep FX-graph cache hits from
-# pointing at specs of an older build while the compiler changes (caching is a later step).
+# Tests exercise the code generation every time (the FX graph cache works for spyre, see
+# test_backend.py::test_fx_graph_cache_hit_in_a_second_process).
 torch._inductor.config.fx_graph_cache = False
 
 # DLFloat16 keeps 9 fraction bits (fp16 keeps 10): results differ from fp32 by a few 2^-10 relative.

@@ -99,3 +99,63 @@ def test_debug_files(tmp_path, monkeypatch):
     from torch_spyre.program import Program
 
     assert Program.load(str(tmp_path / f"{stem}.program.json")).name == stem
+
+
+def test_fx_graph_cache_key_carries_the_compiler_fingerprint():
+    from torch._inductor.codegen.common import get_custom_backend_pass_for_device
+
+    p = get_custom_backend_pass_for_device("spyre")
+    assert p is not None and p.uuid() == backend.compiler_fingerprint() and len(p.uuid()) == 64
+    assert p(None) is None  # not a transformation
+
+
+def test_lazy_registration_through_the_device_module(run_python=None):
+    """What the device module's ``__getattr__`` would forward: Inductor's lazy PrivateUse1 lookup."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent('''
+        import torch, torch_spyre
+        from torch_spyre import spyre_module
+        from torch_spyre.runtime import stream as rt
+        if not hasattr(rt.Stream, "device"):
+            rt.Stream.device = property(lambda self: torch.device("spyre", self.card))
+        if not hasattr(spyre_module, "Scheduling"):
+            def __getattr__(name):
+                if name in ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen"):
+                    from torch_spyre.compiler import backend
+                    return backend.inductor_attr(name)
+                raise AttributeError(name)
+            spyre_module.__getattr__ = __getattr__
+        torch._inductor.config.fx_graph_cache = False
+        x = torch.randn(8, 32).to("spyre")
+        y = torch.compile(lambda a: torch.softmax(a, -1))(x)
+        assert torch.allclose(y.cpu(), torch.softmax(x.cpu(), -1), atol=1e-5)
+        print("ok")
+    ''')
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+def test_fx_graph_cache_hit_in_a_second_process(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent('''
+        import torch, torch_spyre
+        from torch_spyre.compiler import backend
+        backend.register()
+        from torch._dynamo.utils import counters
+        x = torch.randn(16, 48).to("spyre")
+        y = torch.compile(lambda a: torch.tanh(a) * 3 + a.sum(-1, keepdim=True))(x)
+        ref = torch.tanh(x.cpu()) * 3 + x.cpu().sum(-1, keepdim=True)
+        assert torch.allclose(y.cpu(), ref, atol=1e-4), (y.cpu() - ref).abs().max()
+        print("hits", counters["inductor"]["fxgraph_cache_hit"])
+    ''')
+    env = {**__import__("os").environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+            for _ in range(2)]
+    outs = [r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-1500:] for r in runs]
+    assert outs == ["hits 0", "hits 1"], outs

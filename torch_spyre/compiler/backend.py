@@ -412,6 +412,40 @@ def _walks_buffer_dims(view) -> bool:
         return False
 
 
+def compiler_fingerprint() -> str:
+    """A hash of the compiler's sources: part of Inductor's FX-graph cache key for every graph (through
+    the device's custom pass uuid), so a cached wrapper never outlives the compiler that wrote it. Programs
+    themselves are generated from the cached kernel specs at run time, per placement of the tensors, so
+    input layouts and the card configuration need not be in the key."""
+    import hashlib
+    import pathlib
+
+    h = hashlib.sha256()
+    for path in sorted(pathlib.Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _make_version_pass():
+    from torch._inductor.custom_graph_pass import CustomGraphModulePass
+
+    class SpyreCompilerVersion(CustomGraphModulePass):
+        """Not a transformation: Inductor stores a device's custom pass and puts its uuid in the FX
+        graph cache key; this one carries :func:`compiler_fingerprint`."""
+
+        def __init__(self):
+            self._uuid = compiler_fingerprint()
+
+        def __call__(self, gm) -> None:
+            return None
+
+        def uuid(self) -> str:
+            return self._uuid
+
+    return SpyreCompilerVersion()
+
+
 def _graph_on_spyre(gm) -> bool:
     for node in gm.graph.nodes:
         val = node.meta.get("val")
@@ -483,7 +517,8 @@ def register() -> None:
 
         from .wrapper import _make_wrapper_class
 
-        register_backend_for_device(DEVICE, _make_scheduling(), _make_wrapper_class())
+        register_backend_for_device(DEVICE, _make_scheduling(), _make_wrapper_class(),
+                                    device_custom_pass=_make_version_pass())
         register_device_op_overrides(DEVICE, _make_op_overrides())
         register_interface_for_device(DEVICE, _make_device_interface())
         _register_lowerings()
