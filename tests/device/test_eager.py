@@ -54,6 +54,63 @@ def test_in_place_returns_self_and_out_variants():
     assert values.cpu().tolist() == [5.0, 7.0] and indices.cpu().tolist() == [1, 0]
 
 
+F = torch.nn.functional
+_a, _b = torch.randn(6, 5), torch.rand(6, 5)
+_t = torch.randint(0, 5, (6,))
+COMMON_OPS = {
+    "mse_loss": lambda a, b, t: F.mse_loss(a, b),
+    "mse_loss_sum": lambda a, b, t: F.mse_loss(a, b, reduction="sum"),
+    "smooth_l1_loss": lambda a, b, t: F.smooth_l1_loss(a, b),
+    "huber_loss": lambda a, b, t: F.huber_loss(a, b),
+    "l1_loss": lambda a, b, t: F.l1_loss(a, b),
+    "soft_margin_loss": lambda a, b, t: F.soft_margin_loss(a, b.sign()),
+    "binary_cross_entropy": lambda a, b, t: F.binary_cross_entropy(a.sigmoid(), b),
+    "bce_with_logits": lambda a, b, t: F.binary_cross_entropy_with_logits(a, b),
+    "kl_div": lambda a, b, t: F.kl_div(a.log_softmax(-1), b, reduction="batchmean"),
+    "cross_entropy": lambda a, b, t: F.cross_entropy(a, t),
+    "nll_loss": lambda a, b, t: F.nll_loss(a.log_softmax(-1), t),
+    "sum_mean_var_std": lambda a, b, t: a.sum() + a.mean() + a.var() + a.std(),
+    "norm": lambda a, b, t: a.norm() + torch.linalg.vector_norm(a, dim=1).sum(),
+    "max_min_dim": lambda a, b, t: a.max(1).values + a.min(0).values.sum(),
+    "argmax_topk_sort": lambda a, b, t: a.argmax(1) + a.topk(2).indices.sum() + a.sort(1).indices[:, 0],
+    "cumsum_logsumexp": lambda a, b, t: a.cumsum(1).sum() + a.logsumexp(1).sum(),
+    "layer_norm_softmax": lambda a, b, t: F.layer_norm(a, (5,)).softmax(-1),
+    "matmul_addmm": lambda a, b, t: a @ b.T + torch.addmm(a, a, b.T[:5, :5]).sum(),
+}
+
+
+@pytest.mark.parametrize("name", list(COMMON_OPS))
+def test_common_ops_give_no_warning_the_cpu_does_not(name):
+    """The fallback must not add warnings: a same-shaped host out= made CPU kernels warn "was resized"."""
+    import warnings
+
+    fn = COMMON_OPS[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ref = fn(_a, _b, _t)
+        out = fn(s(_a), s(_b), s(_t))
+    torch.testing.assert_close(out.cpu(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_backward_of_a_loss_gives_no_warning():
+    import warnings
+
+    x = s(_a).requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        F.mse_loss(x, s(_b)).backward()
+    torch.testing.assert_close(x.grad.cpu(), 2 * (_a - _b) / _a.numel())
+
+
+def test_a_wrong_sized_out_warns_as_on_the_cpu():
+    x = s(torch.ones(3))
+    for dev in ("cpu", "spyre"):
+        out = torch.empty(2, device=dev)
+        with pytest.warns(UserWarning, match=r"had shape \[2\], which does not match the required output shape \[3\]"):
+            torch.add(x.to(dev), 1, out=out)
+        assert out.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
 def test_autograd_grads_on_spyre_and_optimizer_step():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 3))

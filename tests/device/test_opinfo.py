@@ -1,7 +1,8 @@
 """PyTorch's OpInfo database (op_db) on spyre: float32 samples of every op, compared with the CPU.
 
 Ops expected to differ are listed with the reason, and results the card cannot hold (complex, float64,
-uint64) must be refused with the dtype TypeError; any other failure fails the test.
+uint64) must be refused with the dtype TypeError; any other failure fails the test, and so does an
+"An output ... was resized" warning that the CPU does not give for the same sample.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ EXPECTED = {
 UNSUPPORTED_DTYPE = "cannot hold"  # complex, float64, uint64 results: the card refuses them with a TypeError
 
 
+def _resize_warnings(caught) -> set[str]:
+    """The "An output ... was resized" warnings among ``caught`` (the fallback must not add any)."""
+    return {str(w.message).split(". ")[0] for w in caught if "was resized" in str(w.message)}
+
+
 def _run_samples():
     from torch.testing._internal.common_methods_invocations import op_db
 
@@ -48,13 +54,20 @@ def _run_samples():
             continue
         for s in samples:
             try:
-                ref = op(s.input, *s.args, **s.kwargs)
+                with warnings.catch_warnings(record=True) as cpu_warnings:
+                    warnings.simplefilter("always")
+                    ref = op(s.input, *s.args, **s.kwargs)
             except Exception:  # noqa: BLE001 - invalid on the CPU too
                 continue
             try:
-                out = op(to_s(s.input), *tree_map(to_s, s.args), **tree_map(to_s, s.kwargs))
+                with warnings.catch_warnings(record=True) as spyre_warnings:
+                    warnings.simplefilter("always")
+                    out = op(to_s(s.input), *tree_map(to_s, s.args), **tree_map(to_s, s.kwargs))
                 torch.testing.assert_close(tree_map(to_c, out), ref, equal_nan=True, atol=1e-4, rtol=1e-4,
                                            check_device=False)
+                spurious = _resize_warnings(spyre_warnings) - _resize_warnings(cpu_warnings)
+                if spurious:
+                    raise AssertionError(f"spurious warning on spyre: {sorted(spurious)[0]}")
                 passed.add(op.name)
             except Exception as e:  # noqa: BLE001
                 failed.setdefault(op.name, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
@@ -62,9 +75,8 @@ def _run_samples():
 
 
 def test_op_db_float32_samples_match_cpu():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        passed, failed = _run_samples()
+    # Warnings are recorded per sample: one the CPU does not give (an out= resized) fails the op.
+    passed, failed = _run_samples()
     unexpected = {k: v for k, v in failed.items() if k not in EXPECTED and UNSUPPORTED_DTYPE not in v}
     assert not unexpected, "ops that fail on spyre:\n" + "\n".join(f"  {k}: {v}" for k, v in sorted(unexpected.items()))
     assert len(passed) > 500

@@ -6,7 +6,7 @@ Every ATen op without a spyre kernel reaches :func:`run` (a catch-all PrivateUse
 2. view ops (a return that aliases an argument without writing it) are pure metadata: the op runs on
    meta tensors of the same geometry and the result is a view of the same device storage;
 3. other ops: inputs are read through their layouts into CPU tensors of their host dtype (``out=``
-   arguments are not read: they get empty host temporaries), the CPU kernel runs, mutated arguments (schema ``alias_info.is_write``: in-place ``self``, ``out=``) are written back
+   arguments are not read: they get host temporaries of no elements, which the CPU kernel resizes), the CPU kernel runs, mutated arguments (schema ``alias_info.is_write``: in-place ``self``, ``out=``) are written back
    through their views, and fresh results are stored on the card in its default layout;
 4. the op takes simulated time on the current stream's ``compute`` resource:
 
@@ -239,6 +239,19 @@ def _rewrap_numbers(info: _OpInfo, args: tuple, kwargs: dict) -> tuple[tuple, di
     return args, kwargs
 
 
+def _resize_warning(dev: torch.Tensor, host: torch.Tensor) -> None:
+    """The warning the CPU gives for an ``out=`` with elements but the wrong shape (``_resize_output_check``)."""
+    import warnings
+
+    warnings.warn(
+        f"An output with one or more elements was resized since it had shape {list(dev.shape)}, which does not "
+        f"match the required output shape {list(host.shape)}. This behavior is deprecated, and in a future "
+        "PyTorch release outputs will not be resized unless they have zero elements. You can explicitly "
+        "reuse an out tensor t by resizing it, inplace, to zero elements with t.resize_(0).",
+        UserWarning, stacklevel=2,
+    )
+
+
 def _convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     return torch.ops.aten.convolution.default, (input, weight, bias, stride, padding, dilation, transposed,
                                                 output_padding, groups)
@@ -272,8 +285,13 @@ def run(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     hosts: dict[int, torch.Tensor] = {}
     nbytes = 0
 
-    # out= arguments are only written: a host temporary of the same geometry, without reading the device.
-    # (Unless an input shares its storage, as in ``x.add_(y)`` which runs ``add.out(x, y, out=x)``.)
+    # out= arguments are only written: a host temporary with no elements, without reading the device
+    # (unless an input shares its storage, as in ``x.add_(y)`` which runs ``add.out(x, y, out=x)``). The
+    # CPU kernel resizes it to the result's shape without warning; the result is written back through
+    # the device out's view, which is resized first if its shape differs (see _resize_warning).
+    # A temporary of the device out's shape would make the CPU kernel warn "An output with one or more
+    # elements was resized" whenever a composite op hands the fallback an out= of a placeholder shape
+    # (F.mse_loss reaches ``mse_loss.out`` with a 0-d out that the CPU kernel first fills at full size).
     bound = _bound_args(info, args, kwargs)
     if any(info.is_out):
         inputs = {t.untyped_storage().data_ptr()
@@ -282,7 +300,7 @@ def run(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
             if out:
                 for t in _tensors(v):
                     if _is_spyre(t) and t.untyped_storage().data_ptr() not in inputs:
-                        hosts[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+                        hosts[id(t)] = torch.empty(0, dtype=t.dtype)
 
     def to_host(x):
         nonlocal nbytes
@@ -316,6 +334,8 @@ def run(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
                 if not _is_spyre(d):
                     continue
                 if tuple(d.shape) != tuple(h.shape):
+                    if d.numel():
+                        _resize_warning(d, h)
                     d.resize_(h.shape)
                 nbytes += tensor.write(d, h).device_bytes
 

@@ -86,6 +86,7 @@ def resize_(self, size, memory_format=None):
 
 
 def set_source_storage(self, source):
+    source = tensor.restored_storage(source)
     storage.set_view(self, source, 0, [source.nbytes() // self.element_size()], [1])
     tensor.adopt_dtype(self)
     return self
@@ -94,6 +95,7 @@ def set_source_storage(self, source):
 def set_source_storage_offset(self, source, storage_offset, size, stride=()):
     if not stride:
         stride = tensor.contiguous_strides(size)
+    source = tensor.restored_storage(source)
     storage.set_view(self, source, storage_offset, size, stride)
     tensor.adopt_dtype(self)
     return self

@@ -7,13 +7,16 @@
   PrivateUse1 location calls ``torch.UntypedStorage(n, device="spyre")``, which segfaults (no C++
   allocator is registered), so a deserializer registered ahead of it (``register_package`` priority 19)
   puts the bytes on the card first as untyped bytes (a flat ``uint8`` layout); when torch then attaches the
-  tensor (``set_`` with the tensor's dtype), the allocation is re-encoded once for that dtype with a flat
-  1-D layout (DLFloat16 for fp16/bf16). A location naming a card that does not exist gives a clear error.
+  tensor (``set_`` with the tensor's dtype), the allocation is re-encoded once for that dtype, in the
+  layout the tensor's geometry would get on a fresh allocation (``tensor.adopt_dtype``; DLFloat16 for
+  fp16/bf16). A location naming a card that does not exist gives a clear error that says whether the
+  file or map_location named it.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 
 import torch
 
@@ -27,6 +30,31 @@ def _tag(obj) -> str | None:
     return None
 
 
+def _origin(location: str) -> str:
+    """Where ``location`` came from, for error messages: the file's tag, or torch.load's map_location.
+
+    torch passes the deserializer only the final location; its ``restore_location`` closure (present
+    when a map_location was given, torch/serialization.py ``_get_restore_location``) tells the two apart.
+    Any surprise in torch's frames gives no origin rather than a wrong one.
+    """
+    try:
+        frame = sys._getframe(2)
+        for _ in range(4):
+            if frame is None:
+                break
+            code = frame.f_code
+            if code.co_name == "restore_location" and code.co_filename.endswith(("torch/serialization.py",
+                                                                                  "torch\\serialization.py")):
+                saved_on = frame.f_locals.get("location")
+                if isinstance(saved_on, str) and saved_on != location:
+                    return f" (asked by map_location; the file's tensor was saved on {saved_on})"
+                return " (asked by map_location)"
+            frame = frame.f_back
+        return f" (the file's tensor was saved on {location})"
+    except Exception:  # noqa: BLE001 - only a nicer message is at stake
+        return ""
+
+
 def _deserialize(obj, location: str):
     m = _LOCATION.match(location)
     if m is None:
@@ -38,8 +66,9 @@ def _deserialize(obj, location: str):
     n = cards.device_count()
     if index >= n:
         raise RuntimeError(
-            f"the file holds a tensor saved on spyre:{index} but the simulated system has {n} card(s); "
-            f"pass map_location='spyre:0' (or 'cpu') to torch.load, or set TORCH_SPYRE_NUM_CARDS"
+            f"cannot restore onto spyre:{index}{_origin(location)}: the simulated system has {n} "
+            f"card{'s' if n != 1 else ''} (set TORCH_SPYRE_NUM_CARDS={index + 1} or more to simulate "
+            f"spyre:{index}) or pass map_location='spyre:0' (or 'cpu') to torch.load"
         )
     nbytes = obj.nbytes()
     layout = StickLayout((nbytes,), 0, "uint8") if nbytes else None

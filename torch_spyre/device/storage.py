@@ -127,16 +127,27 @@ def sweep_due() -> bool:
 
 
 def release_dead(memory_of) -> int:
-    """Free the allocations whose storages died. ``memory_of(card)`` gives that card's DeviceMemory."""
+    """Free the allocations whose storages died. ``memory_of(card)`` gives that card's DeviceMemory.
+
+    A dead allocation may hold the only reference to another storage (``meta["replaced_by"]``, a byte
+    storage restored by torch.load and re-encoded elsewhere): dropping it can kill that storage too, so
+    the sweep repeats until nothing more dies.
+    """
     global _allocs_since_sweep
-    with _lock:
-        dead = [(key, alloc) for key, (alloc, ref) in _live.items() if ref.expired()]
-        for key, _ in dead:
-            del _live[key]
-        _allocs_since_sweep = 0
-    for (card, _), alloc in dead:
-        memory_of(card).free(alloc)
-    return len(dead)
+    total = 0
+    while True:
+        with _lock:
+            dead = [(key, alloc) for key, (alloc, ref) in _live.items() if ref.expired()]
+            for key, _ in dead:
+                del _live[key]
+            _allocs_since_sweep = 0
+        cascade = False
+        for (card, _), alloc in dead:
+            cascade |= alloc.meta.pop("replaced_by", None) is not None
+            memory_of(card).free(alloc)
+        total += len(dead)
+        if not cascade:
+            return total
 
 
 def allocation_of(t: torch.Tensor | torch.UntypedStorage) -> Allocation | None:

@@ -285,16 +285,47 @@ def mark_untyped(base: torch.Tensor) -> None:
     storage.allocation_of(base).meta["untyped"] = True
 
 
+def restored_storage(source: torch.UntypedStorage) -> torch.UntypedStorage:
+    """The storage that replaced ``source`` when a restored byte storage was re-encoded (else ``source``).
+
+    Tensors that torch.load attaches to the same file storage after the first one are redirected to
+    its replacement, so that views saved together still share one storage.
+    """
+    if source.device.type != "spyre":
+        return source
+    alloc = storage.allocation_of(source)
+    replacement = alloc.meta.get("replaced_by") if alloc is not None else None
+    return replacement if replacement is not None else source
+
+
 def adopt_dtype(t: torch.Tensor) -> None:
-    """If ``t``'s storage holds untyped bytes, re-encode it once for ``t``'s dtype (flat 1-D layout)."""
+    """If ``t``'s storage holds untyped bytes restored by torch.load, re-encode it once for ``t``.
+
+    The first tensor attached to the storage decides: if its geometry is dense and covers the whole
+    storage (the usual case: a saved tensor that owned its storage), the bytes move to a new allocation
+    in that geometry's default layout (``layout_for``, IBM's: the last dimension sticked and padded, so
+    a reloaded ``(5, 100)`` fp16 tensor has the layout and the 1,280 bytes of ``x.to("spyre")``), ``t``
+    is attached to it, and the byte storage records its replacement (``restored_storage``) until it dies
+    at the end of torch.load. Otherwise (a saved view of part of a storage) the bytes are re-encoded in
+    place with a flat 1-D layout of the storage's elements.
+    """
     alloc = storage.allocation_of(t)
-    if alloc is None or not alloc.meta.get("untyped") or t.dtype == alloc.meta["dtype"]:
+    if alloc is None or not alloc.meta.get("untyped"):
         return
     ddt = dtypes.device_dtype(t.dtype)
     nbytes = t.untyped_storage().nbytes()
     if nbytes % t.element_size():
         return
-    raw = _image(alloc)
-    layout = StickLayout((nbytes // t.element_size(),), 0, ddt)
+    numel = nbytes // t.element_size()
+    raw = _image(alloc).view(t.dtype)
+    size, stride = list(t.shape), list(t.stride())
+    if t.storage_offset() == 0 and math.prod(size) == numel and is_dense(size, stride):
+        base = new_storage_tensor(t.device.index or 0, t.dtype, layout_for(size, stride, t.dtype))
+        _store_image(storage.allocation_of(base), raw)
+        new = base.untyped_storage()
+        storage.set_view(t, new, 0, size, stride)
+        alloc.meta.update(replaced_by=new, untyped=False)
+        return
+    layout = stick_layout((numel,), 0, ddt)
     alloc.meta.update(layout=layout, dtype=t.dtype, encoding=dtypes.encoding_for(t.dtype), untyped=False)
-    _store_image(alloc, raw.view(t.dtype))
+    _store_image(alloc, raw)
