@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 
 from benchmarks.programs import ALL_BUILDERS  # noqa: E402
@@ -156,13 +158,14 @@ def test_binary_garbage(tmp_path):
     [
         (lambda d: d.pop("format"), "not a Spyre program"),
         (lambda d: d.update(version=99), "unsupported program format version 99; this build reads 1"),
-        (lambda d: d.pop("operands"), "malformed program: KeyError"),
-        (lambda d: d["operands"][0].pop("nbytes"), "malformed program: TypeError"),
+        (lambda d: d.pop("operands"), "malformed program: missing field 'operands'"),
+        (lambda d: d["operands"][0].pop("nbytes"), "operand 0: cannot decode operand: missing field 'nbytes' of Operand"),
         (lambda d: d["cores"]["0"][3].update(instr="conv2d"), r"core 0, instruction 3: unknown instruction 'conv2d'; known: dma_load"),
         (lambda d: d["cores"]["0"][2].pop("a"), r"core 0, instruction 2: cannot decode instruction: .*'a'"),
-        (lambda d: d["cores"]["0"][3]["inputs"][1].update(kind="Tensor"), r"core 0, instruction 3: unknown value kind 'Tensor'"),
+        (lambda d: d["cores"]["0"][3]["inputs"][1].update(kind="Tensor"),
+         r"core 0, instruction 3: unknown value kind 'Tensor' in field 'inputs\[1\]'; expected SpTensor or Scalar"),
         (lambda d: d["cores"]["0"][0].update(bogus=1), r"core 0, instruction 0: cannot decode instruction: .*bogus"),
-        (lambda d: d.update(cores={"zero": []}), r"malformed program: ValueError"),
+        (lambda d: d.update(cores={"zero": []}), r"malformed program: core id 'zero' is not a non-negative integer"),
     ],
     ids=["no-format", "version", "no-operands", "operand-field", "unknown-instr", "missing-field", "value-kind",
          "extra-field", "core-id"],
@@ -194,3 +197,129 @@ def test_loaded_program_executes_like_the_original(tmp_path):
     original, _ = run_on_card(card, built.program, inputs)
     loaded, _ = run_on_card(card, Program.load(str(path)), inputs)
     assert torch.equal(original["c"], loaded["c"])
+
+
+# --- every field is type-checked while decoding ---------------------------------------------------------
+@pytest.mark.parametrize(
+    "path, value, message",
+    [
+        (("0", 0, "sp_offset"), "x", "core 0, instruction 0: field 'sp_offset' must be an int, got 'x'"),
+        (("0", 0, "sp_offset"), 1.5, "core 0, instruction 0: field 'sp_offset' must be an int, got 1.5"),
+        (("0", 0, "sp_offset"), None, "core 0, instruction 0: field 'sp_offset' must be an int, got None"),
+        (("0", 0, "sp_offset"), True, "core 0, instruction 0: field 'sp_offset' must be an int, got True"),
+        (("0", 0, "src", "offset"), "0", "core 0, instruction 0: field 'src.offset' must be an int, got '0'"),
+        (("0", 0, "src", "operand"), 3, "core 0, instruction 0: field 'src.operand' must be a string, got 3"),
+        (("0", 0, "pattern", "shape"), [8, "x"],
+         "core 0, instruction 0: field 'pattern.shape' must be a list of ints, got [8, 'x']"),
+        (("0", 0, "pattern", "dram_strides"), 128,
+         "core 0, instruction 0: field 'pattern.dram_strides' must be a list of ints, got 128"),
+        (("0", 0, "pattern"), [8], "core 0, instruction 0: field 'pattern' must be a DmaPattern object, got [8]"),
+        (("0", 2, "accumulate"), 1, "core 0, instruction 2: field 'accumulate' must be a bool (true or false), got 1"),
+        (("0", 2, "a", "dtype"), None, "core 0, instruction 2: field 'a.dtype' must be a string, got None"),
+        (("0", 2, "b", "strides"), [1, False],
+         "core 0, instruction 2: field 'b.strides' must be a list of ints or null, got [1, False]"),
+        (("0", 3, "inputs", 1, "value"), "2.0", "core 0, instruction 3: field 'inputs[1].value' must be a number, got '2.0'"),
+        (("0", 3, "inputs", 1, "value"), True, "core 0, instruction 3: field 'inputs[1].value' must be a number, got True"),
+        (("0", 3, "inputs"), {}, "core 0, instruction 3: field 'inputs' must be a list of SpTensor or Scalar objects, got {}"),
+        (("0", 3, "op"), 7, "core 0, instruction 3: field 'op' must be a string, got 7"),
+        (("0", 5, "axis"), 1.0, "core 0, instruction 5: field 'axis' must be an int, got 1.0"),
+        (("0", 6, "tag"), "3", "core 0, instruction 6: field 'tag' must be an int, got '3'"),
+        (("0", 6, "network"), None, "core 0, instruction 6: field 'network' must be a string, got None"),
+        (("0", 8, "cores"), [0, "1"], "core 0, instruction 8: field 'cores' must be a list of ints or null, got [0, '1']"),
+        (("1", 0, "src_core"), [0], "core 1, instruction 0: field 'src_core' must be an int, got [0]"),
+        (("0", 1, "num_rows"), 15.0, "core 0, instruction 1: field 'num_rows' must be an int, got 15.0"),
+    ],
+)
+def test_wrong_field_types_name_core_instruction_and_field(path, value, message):
+    data = json.loads(every_instruction_program().to_json())
+    target = data["cores"]
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(ProgramError) as err:
+        Program.from_json(json.dumps(data))
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d["operands"][0].update(nbytes="1024"), "operand 0: field 'nbytes' must be an int, got '1024'"),
+        (lambda d: d["operands"][0].update(host_shape=[8, None]),
+         "operand 0: field 'host_shape' must be a list of ints or null, got [8, None]"),
+        (lambda d: d["operands"].append(5), "operand 3: must be an object, got 5"),
+        (lambda d: d.update(name=5), "field 'name' must be a string, got 5"),
+        (lambda d: d.update(cores=[]), "malformed program: field 'cores' must be an object"),
+        (lambda d: d["cores"].update({"2": {}}), "core 2: malformed program: the instructions of core 2 must be a list"),
+        (lambda d: d["cores"].update({"-1": []}), "malformed program: core id '-1' is not a non-negative integer"),
+        (lambda d: d.update(metadata=[1]), "malformed program: field 'metadata' must be an object, got [1]"),
+    ],
+)
+def test_wrong_types_outside_instructions(mutate, message):
+    data = json.loads(every_instruction_program().to_json())
+    mutate(data)
+    with pytest.raises(ProgramError) as err:
+        Program.from_json(json.dumps(data))
+    assert str(err.value).startswith(message)
+
+
+# --- fuzz: single corrupted fields of real programs give ProgramError and nothing else -----------------
+_FUZZ_PROGRAMS = ("elementwise", "row_reduce", "matmul_ksplit", "all_to_all", "softmax_scratchpad",
+                  "minilm_attention", "minilm_ln1")
+_SERIALIZED = {}
+
+
+def _serialized(name: str) -> dict:
+    if name not in _SERIALIZED:
+        _SERIALIZED[name] = ALL_BUILDERS[name]().program.to_dict()
+    return json.loads(json.dumps(_SERIALIZED[name]))
+
+
+def _leaves(node, path=()):
+    """Every place in the JSON tree a value sits: (path to its container, key)."""
+    if isinstance(node, dict):
+        items = node.items()
+    elif isinstance(node, list):
+        items = enumerate(node)
+    else:
+        return
+    for key, value in items:
+        yield path, key
+        yield from _leaves(value, path + (key,))
+
+
+_WRONG_VALUES = st.one_of(
+    st.sampled_from(["x", "", "dma_load", "SpTensor", "Addr", "dlfloat16", "float32", "add", "data", "reduce", "out"]),
+    st.sampled_from([1.5, -0.0, float("inf"), float("nan"), None, True, False, [], {}, [1, "x"], [[1]], {"kind": "Addr"}]),
+    st.integers(-(2 ** 70), 2 ** 70),
+    st.sampled_from([0, -1, 1, 127, 128, -128, 2 ** 31, 2 ** 63, 2 ** 64 + 128]),
+    st.lists(st.integers(-3, 2 ** 20), max_size=4),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(_FUZZ_PROGRAMS), pick=st.integers(0, 10 ** 9), value=_WRONG_VALUES,
+       action=st.sampled_from(["replace", "replace", "replace", "delete"]))
+def test_corrupted_field_gives_program_error_only(name, pick, value, action):
+    from torch_spyre.card.config import CardConfig
+    from torch_spyre.card.validate import validate
+
+    data = _serialized(name)
+    places = list(_leaves(data))
+    path, key = places[pick % len(places)]
+    container = data
+    for k in path:
+        container = container[k]
+    if action == "delete":
+        del container[key]
+    else:
+        container[key] = value
+    try:
+        text = json.dumps(data)
+    except ValueError:
+        return
+    try:
+        program = Program.from_json(text)
+        validate(program, CardConfig())
+    except ProgramError:
+        pass
