@@ -125,6 +125,7 @@ class Dag:
     def __init__(self, spec: KernelSpec):
         self.spec = spec
         self.values: list[Value] = []
+        self._cse: dict[tuple, int] = {}
         self.stored: dict[str, list[int]] = {}  # buffer -> store value gids, in order
         for ni, node in enumerate(spec.nodes):
             self._add_node(ni, node)
@@ -133,9 +134,29 @@ class Dag:
         self._guards()
 
     def _new(self, op: str, args: list[Any], dtype: str | None, node: int, **attrs: Any) -> int:
+        """Append a value, or return the identical one already there (common subexpressions across the
+        kernel's nodes: Inductor repeats a softmax's exp(x - max) in the node that normalises it)."""
+        key = self._cse_key(op, args, dtype, node, attrs)
+        if key is not None and key in self._cse:
+            return self._cse[key]
         v = Value(len(self.values), op, args, dtype, node, attrs)
         self.values.append(v)
+        if key is not None:
+            self._cse[key] = v.gid
         return v.gid
+
+    def _cse_key(self, op: str, args: list[Any], dtype: str | None, node: int, attrs: dict[str, Any]):
+        if op in ("store", "reduction", "indirect"):
+            return None
+        if op in ("load", "static"):
+            if "ind" in attrs["index"]:  # indirect symbols are per node
+                return None
+            n = self.spec.nodes[node]
+            space = (n.placement, tuple(n.sizes), tuple(n.reduction_sizes))
+            return (op, attrs["index"], attrs.get("buffer"), tuple(attrs.get("guards", [])), dtype, space)
+        if op == "const":
+            return (op, repr(args[0]), type(args[0]).__name__, dtype)
+        return (op, tuple(args), dtype, tuple(sorted((k, repr(v)) for k, v in attrs.items())))
 
     def _add_node(self, ni: int, node: Any) -> None:
         local: dict[int, int] = {}
