@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import numpy as np
 import pytest
 import torch
@@ -54,14 +57,90 @@ def test_env_switch(run_python):
     assert float(r.stdout) == 1 + 2**-10
 
 
+def _dlfloat16_value(bits: int) -> Fraction | None:
+    """Independent reference: the exact value of a DLFloat16 bit pattern (None for the NaN/Inf code)."""
+    sign = -1 if bits & 0x8000 else 1
+    e, m = (bits >> 9) & 63, bits & 511
+    if e == 63 and m == 511:
+        return None
+    if bits & 0x7FFF == 0:
+        return Fraction(0)
+    return sign * Fraction(2) ** (e - 31) * (1 + Fraction(m, 512))
+
+
+def _bf16_round_to_nearest_even(v: Fraction) -> float:
+    """Independent reference: ``v`` rounded to bf16 (8 significant bits), ties to even, in exact arithmetic."""
+    if v == 0:
+        return 0.0
+    a = abs(v)
+    exp = a.numerator.bit_length() - a.denominator.bit_length()  # 2**exp <= a < 2**(exp + 2)
+    if a < Fraction(2) ** exp:
+        exp -= 1
+    if a >= Fraction(2) ** (exp + 1):
+        exp += 1
+    ulp = Fraction(2) ** (exp - 7)
+    q = a / ulp
+    n = q.numerator // q.denominator
+    rest = q - n
+    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and n % 2):
+        n += 1
+    return float((1 if v > 0 else -1) * n * ulp)
+
+
 def test_bf16_comes_back_through_fp32_round_to_nearest_even():
-    # bf16 has fewer fraction bits than DLFloat16: values in range come back exactly.
+    # bf16 has fewer fraction bits than DLFloat16: values that went in as bf16 come back exactly.
     x = torch.tensor([1.0078125, -3.140625, 1e-5, 1e9], dtype=torch.bfloat16)
     assert torch.equal(x.to("spyre").cpu(), x)
     # beyond DLFloat16's range: overflow gives the NaN/Inf code (NaN), underflow gives signed zero
     big = torch.tensor([1e10, -1e30, 1e-12, -1e-12], dtype=torch.bfloat16).to("spyre").cpu()
     assert big[0].isnan() and big[1].isnan()
     assert big[2].item() == 0.0 and big[3].item() == 0.0 and torch.signbit(big[3])
+
+
+def test_bf16_result_of_a_card_op_rounds_to_nearest_even():
+    """A DLFloat16 value that is not a bf16, made on the card, comes back rounded to nearest even.
+
+    Every fp16 normal value with a zero last fraction bit is exactly a DLFloat16 number, so it reaches the
+    card unchanged; converting it to bf16 there (an op on the card) must round its 9 fraction bits to
+    bf16's 7, ties to even, as an independent exact computation says.
+    """
+    bits = np.arange(0, 1 << 16, 2, dtype=np.uint16)
+    exp = (bits >> 10) & 31
+    bits = bits[(exp > 0) & (exp < 31)]  # normal fp16 values
+    x16 = torch.from_numpy(bits.view(np.int16)).view(torch.float16)
+    d16 = x16.to("spyre")
+    assert torch.equal(d16.cpu(), x16)  # exactly DLFloat16 numbers: nothing rounded on the way in
+    out = d16.to(torch.bfloat16)
+    assert out.device.type == "spyre" and out.dtype == torch.bfloat16
+    got = out.cpu().float().tolist()
+    expected = [_bf16_round_to_nearest_even(Fraction(v)) for v in x16.float().tolist()]
+    assert got == expected
+    # the sample is not trivial: many values are not bf16 numbers, ties go both ways, some carry
+    truncated = x16.float().view(torch.int32).bitwise_and(~0xFFFF).view(torch.float32).tolist()
+    ups = sum(g != t for g, t in zip(got, truncated))
+    assert ups > 5000 and sum(g == t for g, t in zip(got, x16.float().tolist())) > 5000
+    assert _bf16_round_to_nearest_even(Fraction(1) + Fraction(1, 256)) == 1.0                   # tie, even below
+    assert _bf16_round_to_nearest_even(Fraction(1) + Fraction(3, 256)) == 1.0 + 2 ** -6        # tie, even above
+    assert 1.0 + 2 ** -6 in [g for g, v in zip(got, x16.float().tolist()) if v == 1.0 + 3 / 256]
+
+
+def test_every_dlfloat16_pattern_comes_back_to_bf16_rounded_to_nearest_even():
+    """All 65,536 DLFloat16 patterns, as a card kernel would write them into a bf16 tensor's memory."""
+    patterns = np.arange(1 << 16, dtype=np.uint16)
+    t = torch.empty(1 << 16, dtype=torch.bfloat16, device="spyre")
+    alloc = storage.allocation_of(t)
+    layout = alloc.meta["layout"]
+    assert alloc.meta["encoding"] == "dlfloat16"
+    alloc.view(np.uint16, 0, layout.device_numel)[:] = layout.pack(patterns)
+    got = t.cpu().float()
+    for bits, g in zip(patterns.tolist(), got.tolist()):
+        v = _dlfloat16_value(bits)
+        if v is None:
+            assert math.isnan(g), hex(bits)
+        elif v == 0:
+            assert g == 0.0 and math.copysign(1, g) == (-1 if bits & 0x8000 else 1), hex(bits)
+        else:
+            assert g == _bf16_round_to_nearest_even(v), (hex(bits), float(v), g)
 
 
 def test_fp32_is_stored_exactly():

@@ -84,12 +84,35 @@ def test_two_streams_overlap_and_wait_event_orders(records):
     assert op_rec.start >= done.time
 
 
-def test_wait_stream_orders():
-    s1, s2 = torch.spyre.Stream(), torch.spyre.Stream()
-    with torch.spyre.stream(s1):
-        torch.randn(1 << 16).to("spyre")
-    s2.wait_stream(s1)
-    assert s2.ready_at >= s1.ready_at
+def test_wait_stream_orders(records):
+    """Work queued on s2 after ``s2.wait_stream(s1)`` starts when s1's work ends, not before.
+
+    s1 does a long non-blocking host->card copy (``h2d``: the host does not wait for it); the op queued
+    next uses ``compute``, which is free, so without the wait it would start at once.
+    """
+    host = torch.randn(1 << 22)  # 16 MiB: ~0.3 ms on PCIe, far longer than one eager op
+    dst, other = torch.empty(1 << 22, device="spyre"), torch.ones(64, device="spyre")
+
+    def copy_then_add(wait: bool) -> tuple[rt.WorkRecord, rt.WorkRecord]:
+        s1, s2 = torch.spyre.Stream(), torch.spyre.Stream()
+        torch.spyre.synchronize()
+        records.clear()
+        with torch.spyre.stream(s1):
+            dst.copy_(host, non_blocking=True)
+        if wait:
+            s2.wait_stream(s1)
+        with torch.spyre.stream(s2):
+            other.add_(1)
+        (copy,) = [r for r in records if r.kind == "copy_h2d"]
+        (add,) = [r for r in records if r.kind == "fallback"]
+        assert copy.stream_id == s1.stream_id and add.stream_id == s2.stream_id
+        return copy, add
+
+    copy, add = copy_then_add(wait=False)
+    assert add.start < copy.end  # control: independent streams on different resources overlap
+    copy, add = copy_then_add(wait=True)
+    assert add.start == pytest.approx(copy.end, rel=0, abs=1e-12)
+    assert add.end > copy.end
 
 
 def test_blocking_and_non_blocking_device_to_host():
