@@ -172,3 +172,31 @@ def test_pinned_host_memory_and_non_blocking_host_to_device():
     assert torch.equal(d.cpu(), x)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=16, pin_memory=True)
     assert sum(batch.to("spyre", non_blocking=True).sum().item() for (batch,) in loader) == pytest.approx(x.sum().item(), rel=1e-4)
+
+
+def test_generic_torch_event_is_not_the_timing_event():
+    """``torch.Event(device="spyre")`` reaches torch 2.13's Python device guard (torch/csrc/acc/Module.cpp),
+    whose event functions are fixed no-ops (record, block; query is True) and which has no Python hook
+    for synchronize/elapsed_time: the C++ base class raises. torch.Event is an immutable C type, so spyre
+    cannot add them; the timing event is ``torch.spyre.Event`` (docs/device.md). This test fails when a
+    torch release changes that, so that the documentation is revisited."""
+    start, end = torch.Event(device="spyre", enable_timing=True), torch.Event(device="spyre", enable_timing=True)
+    assert start.device.type == "spyre"
+    start.record()
+    torch.ones(1024, device="spyre").add_(1)
+    end.record()
+    assert end.query()  # recording and querying work (as no-ops)
+    start.wait()
+    with pytest.raises(RuntimeError, match=r"^Backend doesn't support synchronizing events\.$"):
+        end.synchronize()
+    with pytest.raises(RuntimeError, match=r"^Backend doesn't support elapsedTime\.$"):
+        start.elapsed_time(end)
+    with pytest.raises(TypeError, match="immutable type 'torch.Event'"):
+        torch.Event.elapsed_time = lambda self, other: 0.0  # noqa: B010 - why spyre cannot fix it
+    # the same pattern with torch.spyre.Event gives simulated milliseconds
+    start, end = torch.spyre.Event(enable_timing=True), torch.spyre.Event(enable_timing=True)
+    start.record()
+    torch.ones(1024, device="spyre").add_(1)
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) >= cfg().kernel_fixed_cost_s * 1e3
