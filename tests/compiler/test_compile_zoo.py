@@ -346,3 +346,19 @@ def test_minilm_sentence_embeddings(dtype, monkeypatch):
     cos = (got * ref).sum(-1)
     assert cos.min().item() >= 0.999, cos
     assert wrapper.host_fallback_stats() == {}
+
+
+def test_odd_shapes_and_padding():
+    check(lambda a: a.permute(1, 2, 0) * 2 - 1, rnd(3, 65, 33))
+    check(lambda a, b: a + b, rnd(1, 70, 1), rnd(5, 1, 9))
+    check(lambda a: a.mean((0, 2)), rnd(6, 40, 70))
+    check(lambda a: a[::2, 1::3] + 1, rnd(64, 200))
+    check(lambda a: F.pad(a, (3, 5, 1, 0), value=2.0), rnd(20, 30, dtype=torch.float32))
+    check(lambda a, b, c: torch.cat([a, b, c], -1).relu(), rnd(8, 10), rnd(8, 70), rnd(8, 1))
+    check(lambda a: torch.log_softmax(a, -1), rnd(32, 130, dtype=torch.float32), tol=dict(atol=1e-3, rtol=1e-3))
+    check(lambda a: a.std(-1), rnd(16, 300, dtype=torch.float32), tol=dict(atol=1e-3, rtol=1e-3))
+
+
+def test_integer_bitwise_ops_are_refused_not_miscomputed():
+    with pytest.raises(Exception, match="logical, not bitwise"):
+        check(lambda a, b: a & b, torch.randint(0, 8, (8, 8)), torch.randint(0, 8, (8, 8)))

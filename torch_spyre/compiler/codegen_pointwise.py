@@ -71,8 +71,10 @@ DIRECT_OPS = {
     "remainder": "remainder", "mod": "remainder", "floordiv": "floordiv", "where": "where", "fma": "fma",
     "libdevice_exp": "exp", "libdevice_sqrt": "sqrt", "libdevice_abs": "abs", "libdevice_log": "log",
     "floor_to_int": "floor", "ceil_to_int": "ceil", "round_to_int": "round",
-    "bitwise_and": "logical_and", "bitwise_or": "logical_or", "bitwise_not": "logical_not",
 }
+# Bit operations the card has only as logical operations: right for bool operands only.
+BOOL_ONLY_OPS = {"bitwise_and": "logical_and", "bitwise_or": "logical_or", "bitwise_not": "logical_not",
+                 "and_": "logical_and", "or_": "logical_or", "xor": "ne", "bitwise_xor": "ne"}
 REDUCE_IDENTITY = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}
 MAX_BOXES_PER_TILE = 4096
 
@@ -192,6 +194,12 @@ class Dag:
         """Inductor pointwise ops in terms of the card's elementwise ops."""
         if op in DIRECT_OPS:
             return self._new(DIRECT_OPS[op], args, dtype, ni)
+        if op in BOOL_ONLY_OPS:
+            kinds = {self.values[a].dtype for a in args}
+            if kinds - {"bool"}:
+                raise LoweringError(f"{op} on {sorted(k for k in kinds if k)} has no Spyre lowering: the vector unit "
+                                    "has logical, not bitwise, operations (bool operands only)")
+            return self._new(BOOL_ONLY_OPS[op], args, "bool", ni)
         c = lambda v: self._new("const", [v], "float32", ni)  # noqa: E731
         if op == "expm1":
             return self._new("sub", [self._new("exp", args, dtype, ni), c(1.0)], dtype, ni)
@@ -201,6 +209,12 @@ class Dag:
             return self._new("exp", [self._new("mul", [args[0], c(math.log(2.0))], dtype, ni)], dtype, ni)
         if op == "log2":
             return self._new("mul", [self._new("log", args, dtype, ni), c(1.0 / math.log(2.0))], dtype, ni)
+        if op == "log10":
+            return self._new("mul", [self._new("log", args, dtype, ni), c(1.0 / math.log(10.0))], dtype, ni)
+        if op == "isnan":
+            return self._new("ne", [args[0], args[0]], "bool", ni)
+        if op == "isinf":
+            return self._new("eq", [self._new("abs", args, dtype, ni), c(float("inf"))], "bool", ni)
         if op in ("trunc", "trunc_to_int"):
             # trunc(x) = sign(x) * floor(|x|)
             fl = self._new("floor", [self._new("abs", args, dtype, ni)], dtype, ni)

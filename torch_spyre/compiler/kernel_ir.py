@@ -186,7 +186,7 @@ POINTWISE_OPS = {
     "logical_or", "remainder", "floordiv", "where", "fma", "exp2", "expm1", "log1p", "log2", "trunc",
     "floor_to_int", "ceil_to_int", "round_to_int", "trunc_to_int", "int_truediv", "mod", "truncdiv",
     "identity", "libdevice_exp", "libdevice_sqrt", "libdevice_abs", "libdevice_log", "bitwise_and",
-    "bitwise_or", "bitwise_not",
+    "bitwise_or", "bitwise_not", "and_", "or_", "xor", "bitwise_xor", "isnan", "isinf", "log10",
 }
 REDUCTIONS = {"sum", "max", "min", "prod", "welford_reduce", "any", "argmax", "argmin", "xor_sum", "welford_combine"}
 
@@ -345,7 +345,8 @@ def _literal_dtype(v: Any) -> torch.dtype:
     return torch.bool if isinstance(v, bool) else torch.int64 if isinstance(v, int) else torch.float32
 
 
-_BOOL_OPS = {"lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or", "logical_not"}
+_BOOL_OPS = {"lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or", "logical_not", "and_", "or_",
+             "isnan", "isinf"}
 
 
 def _result_dtype(name: str, dtypes: list[str | None]) -> str | None:
