@@ -255,6 +255,31 @@ class Dag:
     def inputs(self, v: Value) -> list[int]:
         return [] if v.op == "const" else [a for a in v.args if isinstance(a, int) and not isinstance(a, bool)]
 
+    def merge(self, canon: dict[int, int]) -> None:
+        """Replace values by equal ones (``canon``: gid -> the gid it equals), then merge the pure ops
+        that become identical, in one forward pass. Replaced values stay in the list, unused."""
+        canon = dict(canon)
+
+        def c(a: int) -> int:
+            while a in canon:
+                a = canon[a]
+            return a
+
+        seen: dict[tuple, int] = {}
+        for v in self.values:
+            if v.op == "const":
+                continue
+            v.args = [c(a) for a in v.args]
+            if "guards" in v.attrs:
+                v.attrs["guards"] = [c(g) for g in v.attrs["guards"]]
+            if v.op in ("store", "reduction", "indirect", "load", "static") or v.gid in canon:
+                continue
+            key = (v.op, tuple(v.args), v.dtype)
+            if key in seen:
+                canon[v.gid] = seen[key]
+            else:
+                seen[key] = v.gid
+
     def set_aliases(self, aliases: dict[int, int]) -> None:
         """Loads served from values of this kernel take the extent and phase of those values."""
         self.aliases = dict(aliases)
@@ -896,7 +921,26 @@ class PointwiseGenerator(KernelGen):
         ch = Chunk(0, 0, tuple(0 for _ in xs), xs, tuple(0 for _ in spec.r_sizes), tuple(spec.r_sizes))
         ch.accessed = [v.gid for v in self.dag.values if v.op in ("load", "store")]
         self.analyse(ch, outer_only=True)
-        return {g: a.alias for g, a in ch.accesses.items() if a.alias is not None}
+        aliases = {g: a.alias for g, a in ch.accesses.items() if a.alias is not None}
+        self._merge_equal_loads(ch, aliases)
+        return aliases
+
+    def _merge_equal_loads(self, ch: Chunk, aliases: dict[int, int]) -> None:
+        """With the whole iteration space analysed (``ch``), loads of the same elements in different
+        nodes (a softmax reads x in its max, sum and normalising nodes) and loads served from scratchpad
+        become one value each, and the ops above them merge too (``Dag.merge``)."""
+        canon: dict[int, int] = dict(aliases)
+        seen: dict[tuple, int] = {}
+        for gid in sorted(ch.accesses):
+            a = ch.accesses[gid]
+            if self.dag.values[gid].op != "load" or gid in aliases or a.host is None:
+                continue
+            key = (a.buffer, a.extent, a.host.shape, a.host.tobytes(), None if a.valid is None else a.valid.tobytes())
+            if key in seen:
+                canon[gid] = seen[key]
+            else:
+                seen[key] = gid
+        self.dag.merge(canon)
 
     # --- work division ----------------------------------------------------------------------------
     def _divide(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
