@@ -229,3 +229,36 @@ def test_loaded_state_dict_weights_are_sticked_on_the_last_dim():
     model = torch.nn.Linear(100, 5).half().to("spyre")
     state = torch.load(io.BytesIO(saved(model.state_dict())))
     assert torch_spyre.get_layout(state["weight"]).stick_layout == torch_spyre.get_layout(model.weight).stick_layout
+
+
+def test_loading_a_checkpoint_does_not_hold_it_twice(settled):
+    """Each file storage is freed as soon as its bytes move to their layout: the peak of a load is what
+    is loaded plus one file storage, not twice the checkpoint."""
+    tensors = {f"w{i}": torch.randn(64, 100).half().to("spyre") for i in range(8)}  # 8 x 16,384 bytes
+    data = saved(tensors)
+    del tensors
+    base = settled()
+    torch.spyre.reset_peak_memory_stats()
+    loaded = torch.load(io.BytesIO(data))
+    total = sum(torch_spyre.get_layout(t).nbytes for t in loaded.values())
+    assert total == 8 * 64 * 2 * 128
+    assert torch.spyre.memory_allocated() - base == total
+    raw = 64 * 100 * 2  # one file storage (12,800 bytes, already whole sticks)
+    assert torch.spyre.max_memory_allocated() - base <= total + raw
+
+
+def test_a_saved_storage_and_its_tensor_still_read_the_same_bytes():
+    import warnings
+
+    x = torch.randn(5, 100).half().to("spyre")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated
+        loaded = torch.load(io.BytesIO(saved({"t": x, "s": x.storage()})), weights_only=False)
+        t, s = loaded["t"], loaded["s"].untyped()
+    assert torch_spyre.get_layout(t).stick_layout.stick_dim == 1
+    # the restored byte storage is redirected: every tensor made over it uses t's storage
+    again = torch.empty(0, dtype=torch.float16, device="spyre").set_(s, 0, (5, 100), (100, 1))
+    assert again.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+    assert torch.equal(again.cpu(), x.cpu())
+    assert torch.equal(torch.empty(0, dtype=torch.uint8, device="spyre").set_(s).cpu(),
+                       x.cpu().view(-1).view(torch.uint8))

@@ -129,25 +129,47 @@ def sweep_due() -> bool:
 def release_dead(memory_of) -> int:
     """Free the allocations whose storages died. ``memory_of(card)`` gives that card's DeviceMemory.
 
-    A dead allocation may hold the only reference to another storage (``meta["replaced_by"]``, a byte
-    storage restored by torch.load and re-encoded elsewhere): dropping it can kill that storage too, so
-    the sweep repeats until nothing more dies.
+    Redirects whose byte storage died are dropped first (see :func:`redirect`): that can kill the
+    storage they pointed to, which this same sweep then frees.
     """
     global _allocs_since_sweep
-    total = 0
-    while True:
-        with _lock:
-            dead = [(key, alloc) for key, (alloc, ref) in _live.items() if ref.expired()]
-            for key, _ in dead:
-                del _live[key]
-            _allocs_since_sweep = 0
-        cascade = False
-        for (card, _), alloc in dead:
-            cascade |= alloc.meta.pop("replaced_by", None) is not None
-            memory_of(card).free(alloc)
-        total += len(dead)
-        if not cascade:
-            return total
+    with _lock:
+        for key in [k for k, (ref, _) in _redirects.items() if ref.expired()]:
+            del _redirects[key]
+        dead = [(key, alloc) for key, (alloc, ref) in _live.items() if ref.expired()]
+        for key, _ in dead:
+            del _live[key]
+        _allocs_since_sweep = 0
+    for (card, _), alloc in dead:
+        memory_of(card).free(alloc)
+    return len(dead)
+
+
+def forget(card: int, alloc: Allocation) -> None:
+    """Stop tracking ``alloc`` (the caller frees it now, although a storage still points at it)."""
+    with _lock:
+        _live.pop((card, alloc.host_ptr), None)
+
+
+# Byte storages restored by torch.load whose bytes moved to a new storage in another layout: StorageImpl
+# address -> (weak ref to the old storage, the new storage). The weak ref keeps the address from being
+# reused while the entry exists; the strong ref keeps the new storage alive for tensors torch.load
+# attaches later (views saved with the first tensor), until the old storage dies.
+_redirects: dict[int, tuple[StorageWeakRef, torch.UntypedStorage]] = {}
+
+
+def redirect(old: torch.UntypedStorage, new: torch.UntypedStorage) -> None:
+    """Send every later ``set_`` onto ``old`` to ``new`` (see ``tensor.adopt_dtype``)."""
+    with _lock:
+        _redirects[old._cdata] = (StorageWeakRef(old), new)
+
+
+def redirected(source: torch.UntypedStorage) -> torch.UntypedStorage | None:
+    """The storage that replaced ``source``, or None."""
+    entry = _redirects.get(source._cdata)
+    if entry is None or entry[0].expired():
+        return None
+    return entry[1]
 
 
 def allocation_of(t: torch.Tensor | torch.UntypedStorage) -> Allocation | None:

@@ -293,8 +293,7 @@ def restored_storage(source: torch.UntypedStorage) -> torch.UntypedStorage:
     """
     if source.device.type != "spyre":
         return source
-    alloc = storage.allocation_of(source)
-    replacement = alloc.meta.get("replaced_by") if alloc is not None else None
+    replacement = storage.redirected(source)
     return replacement if replacement is not None else source
 
 
@@ -305,9 +304,10 @@ def adopt_dtype(t: torch.Tensor) -> None:
     storage (the usual case: a saved tensor that owned its storage), the bytes move to a new allocation
     in that geometry's default layout (``layout_for``, IBM's: the last dimension sticked and padded, so
     a reloaded ``(5, 100)`` fp16 tensor has the layout and the 1,280 bytes of ``x.to("spyre")``), ``t``
-    is attached to it, and the byte storage records its replacement (``restored_storage``) until it dies
-    at the end of torch.load. Otherwise (a saved view of part of a storage) the bytes are re-encoded in
-    place with a flat 1-D layout of the storage's elements.
+    is attached to it, the byte storage is redirected to it (``restored_storage``: tensors torch.load
+    attaches later share it) and the byte storage's allocation is freed at once. Otherwise (a saved view
+    of part of a storage) the bytes are re-encoded in place with a flat 1-D layout of the storage's
+    elements.
     """
     alloc = storage.allocation_of(t)
     if alloc is None or not alloc.meta.get("untyped"):
@@ -320,11 +320,19 @@ def adopt_dtype(t: torch.Tensor) -> None:
     raw = _image(alloc).view(t.dtype)
     size, stride = list(t.shape), list(t.stride())
     if t.storage_offset() == 0 and math.prod(size) == numel and is_dense(size, stride):
-        base = new_storage_tensor(t.device.index or 0, t.dtype, layout_for(size, stride, t.dtype))
+        card = t.device.index or 0
+        old = t.untyped_storage()
+        base = new_storage_tensor(card, t.dtype, layout_for(size, stride, t.dtype))
         _store_image(storage.allocation_of(base), raw)
         new = base.untyped_storage()
         storage.set_view(t, new, 0, size, stride)
-        alloc.meta.update(replaced_by=new, untyped=False)
+        storage.redirect(old, new)
+        # Freed at once, not when torch.load drops the byte storage at its end: otherwise loading a
+        # checkpoint would hold every tensor twice (file bytes + re-encoded) and need twice the memory.
+        # Every later use of the byte storage goes through set_, which is redirected.
+        alloc.meta["untyped"] = False
+        storage.forget(card, alloc)
+        cards.card(card).memory.free(alloc)
         return
     layout = stick_layout((numel,), 0, ddt)
     alloc.meta.update(layout=layout, dtype=t.dtype, encoding=dtypes.encoding_for(t.dtype), untyped=False)
