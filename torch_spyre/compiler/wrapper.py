@@ -98,10 +98,10 @@ def matmul_generator(spec: KernelSpec, places: dict[str, Any], config: Any):
 
 
 def register_builtin_generators() -> None:
-    """The whole-op generators this build has: matmul here; attention and gather when their modules
-    provide ``generate(kspec, places, config)`` (names as ``GENERATOR`` in those modules)."""
-    GENERATORS.setdefault("matmul", matmul_generator)
-    for module in ("codegen_attention", "codegen_gather"):
+    """The whole-op generators this build has: every ``codegen_*`` module that defines ``GENERATOR``
+    (its name) and ``generate(kspec, places, config)``; for matmul, this module's adapter unless
+    codegen_matmul provides its own."""
+    for module in ("codegen_matmul", "codegen_attention", "codegen_gather"):
         try:
             mod = __import__(f"torch_spyre.compiler.{module}", fromlist=["generate"])
         except ImportError:
@@ -109,6 +109,7 @@ def register_builtin_generators() -> None:
         name = getattr(mod, "GENERATOR", None)
         if name and hasattr(mod, "generate"):
             GENERATORS.setdefault(name, mod.generate)
+    GENERATORS.setdefault("matmul", matmul_generator)
 
 
 def _generator(spec: KernelSpec) -> Callable[..., Any]:
