@@ -225,3 +225,18 @@ def _get_device_index(device: Any, optional: bool = False) -> int:
 
 # torch.serialization asks torch.<backend>._utils._get_device_index(location, True).
 _utils = SimpleNamespace(_get_device_index=_get_device_index)
+
+
+# Inductor looks up torch.spyre.Scheduling / PythonWrapperCodegen / CppWrapperCodegen on the first
+# compile for a PrivateUse1 device; answering here registers the compiler lazily, so importing
+# torch_spyre never pays for Inductor.
+_INDUCTOR_NAMES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _INDUCTOR_NAMES:
+        from .compiler import backend
+
+        return backend.inductor_attr(name)
+    raise AttributeError(f"module 'torch.spyre' has no attribute {name!r}")
+

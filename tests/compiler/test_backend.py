@@ -110,24 +110,14 @@ def test_fx_graph_cache_key_carries_the_compiler_fingerprint():
 
 
 def test_lazy_registration_through_the_device_module(run_python=None):
-    """What the device module's ``__getattr__`` would forward: Inductor's lazy PrivateUse1 lookup."""
+    """A fresh process compiles without registering anything by hand: Inductor's lazy PrivateUse1
+    lookup reaches torch.spyre.Scheduling, which registers the backend."""
     import subprocess
     import sys
     import textwrap
 
     code = textwrap.dedent('''
-        import torch, torch_spyre
-        from torch_spyre import spyre_module
-        from torch_spyre.runtime import stream as rt
-        if not hasattr(rt.Stream, "device"):
-            rt.Stream.device = property(lambda self: torch.device("spyre", self.card))
-        if not hasattr(spyre_module, "Scheduling"):
-            def __getattr__(name):
-                if name in ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen"):
-                    from torch_spyre.compiler import backend
-                    return backend.inductor_attr(name)
-                raise AttributeError(name)
-            spyre_module.__getattr__ = __getattr__
+        import torch
         torch._inductor.config.fx_graph_cache = False
         x = torch.randn(8, 32).to("spyre")
         y = torch.compile(lambda a: torch.softmax(a, -1))(x)

@@ -494,15 +494,6 @@ def _register_lowerings() -> None:
 # ---------------------------------------------------------------------------------------------
 # Registration
 # ---------------------------------------------------------------------------------------------
-def _stream_device_shim() -> None:
-    """Dynamo reads ``torch.accelerator.current_stream().device`` when it starts tracing. Until the
-    runtime's Stream has that attribute (asked of the device owner), provide it here."""
-    from ..runtime import stream as rt
-
-    if not hasattr(rt.Stream, "device"):
-        rt.Stream.device = property(lambda self: torch.device(DEVICE, self.card))
-
-
 def register() -> None:
     """Register the Spyre backend with Inductor and Dynamo for device ``spyre`` (idempotent)."""
     global _registered
@@ -511,7 +502,6 @@ def register() -> None:
             return
         import torch_spyre  # noqa: F401  (the device must exist first)
 
-        _stream_device_shim()
         from torch._dynamo.device_interface import register_interface_for_device
         from torch._inductor.codegen.common import register_backend_for_device, register_device_op_overrides
 
