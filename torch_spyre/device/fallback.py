@@ -16,8 +16,10 @@ Every ATen op without a spyre kernel reaches :func:`run` (a catch-all PrivateUse
    ``torch.utils.flop_counter`` for matmul/convolution/attention ops and are the output element count
    otherwise.
 
-The compiler issue replaces step 3 by single-op programs; the interface is :func:`run` and
-:func:`fallback_stats`.
+With ``TORCH_SPYRE_EAGER=compile`` (the default) step 3 is first offered to the compiler
+(``compiler/eager.py``): an op it can lower runs as a cached single-op program, timed by the card, and
+is counted in ``fallback_stats().compiled``; the rest run as above, warn once per op and are counted in
+``fallback_stats().host`` (and as the dict's items).
 """
 
 from __future__ import annotations
@@ -32,26 +34,40 @@ import torch
 from ..runtime import stream as rt
 from . import cards, storage, tensor
 
-_counts: Counter[str] = Counter()
+_counts: Counter[str] = Counter()  # ops computed on the host
+_compiled: Counter[str] = Counter()  # ops that ran as single-op programs (compiler/eager.py)
 _counts_lock = threading.Lock()
 
 
+def _sorted(counter: Counter[str]) -> dict[str, int]:
+    return dict(sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 class FallbackStats(dict):
-    """Op name -> number of calls that ran on the host. ``reset()`` clears the counters."""
+    """Op name -> number of calls that ran on the host (also ``.host``); ``.compiled``: op name ->
+    calls that ran as single-op programs. ``reset()`` clears the counters."""
+
+    def __init__(self, host: dict[str, int], compiled: dict[str, int]):
+        super().__init__(host)
+        self.host = dict(host)
+        self.compiled = dict(compiled)
 
     def reset(self) -> None:
         reset_fallback_stats()
         self.clear()
+        self.host.clear()
+        self.compiled.clear()
 
 
 def fallback_stats() -> FallbackStats:
     with _counts_lock:
-        return FallbackStats(sorted(_counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        return FallbackStats(_sorted(_counts), _sorted(_compiled))
 
 
 def reset_fallback_stats() -> None:
     with _counts_lock:
         _counts.clear()
+        _compiled.clear()
 
 
 def _is_spyre(x: Any) -> bool:
@@ -277,7 +293,36 @@ def run(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     card = _check_devices(info, args, kwargs)
     if info.is_view:
         return _run_view(op, info, args, kwargs)
+    done, result = _try_program(op, info, args, kwargs, card)
+    if done:
+        return result
+    return _run_on_host(op, info, args, kwargs, card)
 
+
+def _try_program(op, info: _OpInfo, args: tuple, kwargs: dict, card: int) -> tuple[bool, Any]:
+    """The op as a single-op program (compiler/eager.py) when TORCH_SPYRE_EAGER=compile: (True, result),
+    or (False, None) when it must be computed on the host (warned once per op)."""
+    from ..compiler import eager
+
+    if eager.mode() != "compile":
+        return False, None
+    if eager.active():  # an op inside an eager program's graph: on the host, and the program is not used
+        eager.note_nested_host(info.name)
+        return False, None
+    try:
+        result, host_reason = eager.run(op, info, args, kwargs, card)
+    except eager.HostOp as e:
+        eager.warn_host(info.name, e.reason)
+        return False, None
+    if host_reason:  # its graph computed on the host: those nested ops are already counted as host
+        eager.warn_host(info.name, host_reason)
+    else:
+        with _counts_lock:
+            _compiled[info.name] += 1
+    return True, result
+
+
+def _run_on_host(op, info: _OpInfo, args: tuple, kwargs: dict, card: int) -> Any:
     with _counts_lock:
         _counts[info.name] += 1
 

@@ -1,0 +1,420 @@
+"""Eager mode through the compiler: each ATen op on spyre tensors runs as a cached single-op program.
+
+The device's catch-all fallback (``device/fallback.py``) hands every op that has no spyre kernel to
+:func:`run`. For an op that can become a program, the first call with a given *signature* — the op
+overload, each tensor argument's shape, strides, dtype and stick layout, which arguments share a
+storage, the non-tensor arguments, the card and its configuration — traces the one op into an FX graph
+(``make_fx`` on fake tensors) and compiles it with Inductor's ``compile_fx`` for spyre (static shapes,
+one graph); the result is kept in a bounded LRU cache (:func:`cache_stats`). Later calls with the same
+signature only launch the cached programs (the compiled wrapper calls ``SpyreKernel.run``).
+
+Results go where the host fallback puts them: fresh results are new device tensors, in-place and
+``out=`` arguments are written in place (Inductor keeps a graph input's mutation inside the graph),
+and returns that alias an argument are that argument (``x.add_(1) is x``).
+
+An op stays on the host (:func:`host_reason` says why) when it is, by design, not a computation a
+program should do — random ops, ops without a spyre tensor argument (factories), ops returning
+non-tensors (``_local_scalar_dense``, ``equal``), tensors of no elements, CPU scalar tensors, written
+arguments that share storage with another argument, an ``out=`` the op must resize — or when the
+compiler cannot lower it (the error is kept as the reason), or when its compiled graph still computed
+something on the host. The fallback then computes it on the host, warns once per op and counts it.
+``TORCH_SPYRE_EAGER=host`` sends every op to the host (no warnings).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+MODES = ("compile", "host")
+DEFAULT_MODE = "compile"
+DEFAULT_CACHE_SIZE = 1024
+
+_local = threading.local()
+_lock = threading.RLock()
+
+
+def mode() -> str:
+    """``TORCH_SPYRE_EAGER``: ``compile`` (single-op programs) or ``host`` (every op on the host)."""
+    value = os.environ.get("TORCH_SPYRE_EAGER", DEFAULT_MODE).strip().lower() or DEFAULT_MODE
+    if value not in MODES:
+        raise ValueError(f"TORCH_SPYRE_EAGER={value!r} is not one of {', '.join(MODES)}")
+    return value
+
+
+def active() -> bool:
+    """True while this thread compiles or runs an eager single-op program (nested ops go to the host)."""
+    return getattr(_local, "depth", 0) > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Entry:
+    """One signature: its compiled program function, or why it runs on the host."""
+
+    compiled: Callable[..., Any] | None
+    reason: str = ""
+
+
+class _Cache:
+    def __init__(self, size: int):
+        self.size = size
+        self.entries: OrderedDict[tuple, Entry] = OrderedDict()
+        self.hits = self.compiles = self.evictions = self.failures = 0
+
+    def get(self, key: tuple) -> Entry | None:
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries.move_to_end(key)
+            self.hits += 1
+        return entry
+
+    def put(self, key: tuple, entry: Entry) -> None:
+        self.entries[key] = entry
+        self.entries.move_to_end(key)
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+            self.evictions += 1
+
+
+def _cache_size() -> int:
+    return int(os.environ.get("TORCH_SPYRE_EAGER_CACHE_SIZE", DEFAULT_CACHE_SIZE))
+
+
+_cache = _Cache(_cache_size())
+
+
+def cache_stats() -> dict[str, int]:
+    """``hits`` (launches of a cached program), ``compiles`` (signatures compiled), ``failures``
+    (signatures that could not be compiled), ``evictions``, ``entries``, ``size`` (the LRU bound)."""
+    with _lock:
+        return {"hits": _cache.hits, "compiles": _cache.compiles, "failures": _cache.failures,
+                "evictions": _cache.evictions, "entries": len(_cache.entries), "size": _cache.size}
+
+
+def reset_cache(size: int | None = None) -> None:
+    """Drop every compiled signature and zero the counters (``size`` sets a new LRU bound)."""
+    global _cache
+    with _lock:
+        _cache = _Cache(size if size is not None else _cache_size())
+
+
+# ---------------------------------------------------------------------------------------------
+# What stays on the host by design
+# ---------------------------------------------------------------------------------------------
+_HOST_OPS = {
+    "_local_scalar_dense": "reads one value to the host",
+    "item": "reads one value to the host",
+}
+
+
+def _returns_only_tensors(op: torch._ops.OpOverload) -> bool:
+    return all(str(r.type) in ("Tensor", "Tensor[]") for r in op._schema.returns) and bool(op._schema.returns)
+
+
+def _is_random(op: torch._ops.OpOverload, info: Any) -> bool:
+    return info.generator is not None or torch.Tag.nondeterministic_seeded in op.tags
+
+
+def static_host_reason(op: torch._ops.OpOverload, info: Any) -> str:
+    """Why an op runs on the host whatever its arguments ("" if it may become a program)."""
+    if info.name in _HOST_OPS:
+        return _HOST_OPS[info.name]
+    if _is_random(op, info):
+        return "random op: draws from the card's host-side generator"
+    if not _returns_only_tensors(op):
+        return "returns a non-tensor value"
+    return ""
+
+
+def _flat_tensors(values) -> list[torch.Tensor]:
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out.extend(_flat_tensors(v))
+    return out
+
+
+def call_host_reason(info: Any, bound: list[Any]) -> str:
+    """Why this call runs on the host ("" if it may become a program)."""
+    tensors = _flat_tensors(bound)
+    spyre = [t for t in tensors if t.device.type == "spyre"]
+    if not spyre:
+        return "no spyre tensor argument (a factory)"
+    if len(spyre) != len(tensors):
+        return "a CPU scalar tensor argument"
+    if any(t.numel() == 0 for t in spyre):
+        return "a tensor of no elements"
+    if any(info.is_write) and _written_overlaps(info, bound):
+        return "a written argument overlaps another argument other than as the same view"
+    return ""
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _geometry(t: torch.Tensor) -> tuple:
+    return (_storage_key(t), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+
+
+def _written_overlaps(info: Any, bound: list[Any]) -> bool:
+    """A written tensor sharing storage with another argument that is not the very same view
+    (``x.add_(y)`` reaches ``add.out(x, y, out=x)``: that is fine; ``out=x[1:]`` with input ``x`` is not)."""
+    written, read = [], []
+    for value, w in zip(bound, info.is_write):
+        (written if w else read).extend(_flat_tensors([value]))
+    keys = [_storage_key(t) for t in written]
+    if len(set(keys)) != len(keys):
+        return True
+    for w in written:
+        if any(_storage_key(r) == _storage_key(w) and _geometry(r) != _geometry(w) for r in read):
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Signatures
+# ---------------------------------------------------------------------------------------------
+def _tensor_signature(t: torch.Tensor, storages: dict[int, int]) -> tuple:
+    from ..device.storage import allocation_of
+
+    alloc = allocation_of(t)
+    layout = alloc.meta["layout"] if alloc is not None else None
+    group = storages.setdefault(_storage_key(t), len(storages))
+    return ("T", tuple(t.shape), t.stride(), t.dtype, layout, group)
+
+
+def _value_signature(v: Any, storages: dict[int, int]) -> Any:
+    if isinstance(v, torch.Tensor):
+        return _tensor_signature(v, storages)
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, tuple(_value_signature(x, storages) for x in v))
+    if isinstance(v, float):
+        return ("f", v.hex())  # 0.0 and -0.0, nan: by bits
+    return (type(v).__name__, v if isinstance(v, (bool, int, str, type(None))) else repr(v))
+
+
+def signature(op: torch._ops.OpOverload, args: tuple, kwargs: dict, card: int) -> tuple:
+    from ..device import cards
+
+    storages: dict[int, int] = {}
+    return (op, tuple(_value_signature(a, storages) for a in args),
+            tuple(sorted((k, _value_signature(v, storages)) for k, v in kwargs.items())),
+            card, id(cards.card(card).config))
+
+
+# ---------------------------------------------------------------------------------------------
+# Building and compiling the one-op graph
+# ---------------------------------------------------------------------------------------------
+def _template(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """The argument with each tensor replaced by its index in ``tensors`` (appended)."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return _Slot(len(tensors) - 1)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_template(v, tensors) for v in value)
+    return value
+
+
+@dataclass(frozen=True)
+class _Slot:
+    index: int
+
+
+def _fill(value: Any, tensors: tuple) -> Any:
+    if isinstance(value, _Slot):
+        return tensors[value.index]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fill(v, tensors) for v in value)
+    return value
+
+
+def one_op_function(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: dict):
+    """``fn(*tensors) -> tuple`` calling the op once, and the tensors it takes. ``fn`` returns only the
+    results that do not alias an argument (the caller returns those arguments themselves)."""
+    tensors: list[torch.Tensor] = []
+    targs = tuple(_template(a, tensors) for a in args)
+    tkwargs = {k: _template(v, tensors) for k, v in kwargs.items()}
+    fresh = [i for i, (alias, _) in enumerate(info.returns) if alias is None]
+
+    def fn(*ts):
+        out = op(*_fill(targs, ts), **{k: _fill(v, ts) for k, v in tkwargs.items()})
+        outs = out if isinstance(out, (tuple, list)) and len(info.returns) > 1 else (out,)
+        return tuple(outs[i] for i in fresh)
+
+    return fn, tensors
+
+
+def _out_needs_resize(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: dict) -> bool:
+    """An ``out=`` whose shape the op would change (the host path resizes it, with torch's warning)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        to_fake = lambda x: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x  # noqa: E731
+        fargs = tuple(_map_tensors(to_fake, a) for a in args)
+        fkwargs = {k: _map_tensors(to_fake, v) for k, v in kwargs.items()}
+        from ..device.fallback import _bound_args
+
+        before = [tuple(t.shape) for t in _written(info, _bound_args(info, fargs, fkwargs))]
+        op(*fargs, **fkwargs)
+        after = [tuple(t.shape) for t in _written(info, _bound_args(info, fargs, fkwargs))]
+    return before != after
+
+
+def _written(info: Any, bound: list[Any]) -> list[torch.Tensor]:
+    return _flat_tensors([v for v, w in zip(bound, info.is_write) if w])
+
+
+def _map_tensors(fn, value):
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(fn, v) for v in value)
+    return value
+
+
+def compile_one_op(fn: Callable[..., tuple], tensors: list[torch.Tensor]) -> Callable[..., Any]:
+    """Trace ``fn`` on fake copies of ``tensors`` and compile the graph with Inductor for spyre."""
+    from torch._inductor.compile_fx import compile_fx
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from . import backend
+
+    backend.register()
+    gm = make_fx(fn, tracing_mode="fake")(*tensors)
+    return compile_fx(gm, list(tensors))
+
+
+# ---------------------------------------------------------------------------------------------
+# Running an op
+# ---------------------------------------------------------------------------------------------
+class HostOp(Exception):
+    """Raised by :func:`run` when the op must run on the host; ``reason`` says why."""
+
+    def __init__(self, reason: str, first: bool = False):
+        super().__init__(reason)
+        self.reason = reason
+        self.first = first  # the reason was found by this call (a compile attempt)
+
+
+class _Nested:
+    def __enter__(self):
+        _local.depth = getattr(_local, "depth", 0) + 1
+        _local.nested_host = getattr(_local, "nested_host", 0) if _local.depth > 1 else 0
+
+    def __exit__(self, *exc):
+        _local.depth -= 1
+
+
+def note_nested_host(name: str) -> None:
+    """Called by the fallback when an op runs on the host inside an eager program's compile or run."""
+    _local.nested_host = getattr(_local, "nested_host", 0) + 1
+    _local.nested_names = getattr(_local, "nested_names", ()) + (name,)
+
+
+def _call(compiled: Callable[..., Any], tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return list(compiled(*tensors))
+
+
+def _compile_entry(op, info, args, kwargs, bound) -> tuple[Entry, list[torch.Tensor] | None]:
+    """Compile the signature's program and run it once; an Entry saying why not on any failure."""
+    from . import wrapper
+
+    if any(info.is_out) and _out_needs_resize(op, info, args, kwargs):
+        return Entry(None, "the out= argument must be resized"), None
+    fn, tensors = one_op_function(op, info, args, kwargs)
+    host_before = sum(wrapper.host_fallback_stats().values())
+    try:
+        with torch.no_grad():
+            compiled = compile_one_op(fn, tensors)
+        outs = _call(compiled, tensors)
+    except Exception as e:  # noqa: BLE001 - any compiler refusal means: no device lowering
+        return Entry(None, f"{type(e).__name__}: {_first_line(e)}"), None
+    nested = sum(wrapper.host_fallback_stats().values()) - host_before + getattr(_local, "nested_host", 0)
+    if nested:
+        names = ", ".join(sorted(set(getattr(_local, "nested_names", ())))) or "an extern kernel"
+        return Entry(None, f"its compiled graph runs {names} on the host"), outs
+    return Entry(compiled), outs
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else ""
+
+
+def run(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: dict, card: int) -> tuple[Any, str]:
+    """Run one op as a program: ``(result, "")``; raise :class:`HostOp` when it must run on the host
+    (nothing was computed or written).
+
+    A first call that compiled the op but found host work inside its graph has already computed the
+    result (through nested host fallbacks, counted as such): it returns ``(result, reason)``, and later
+    calls of that signature raise HostOp without compiling again.
+    """
+    from ..device.fallback import _bound_args
+
+    reason = static_host_reason(op, info)
+    bound = _bound_args(info, args, kwargs)
+    reason = reason or call_host_reason(info, bound)
+    if reason:
+        raise HostOp(reason)
+    key = signature(op, args, kwargs, card)
+    with _lock:
+        entry = _cache.get(key)
+    if entry is not None and entry.compiled is None:
+        raise HostOp(entry.reason)
+    with _Nested():
+        if entry is None:
+            entry, outs = _compile_entry(op, info, args, kwargs, bound)
+            with _lock:
+                _cache.put(key, entry)
+                _cache.compiles += entry.compiled is not None
+                _cache.failures += entry.compiled is None
+            if outs is None:
+                raise HostOp(entry.reason, first=True)
+        else:
+            outs = _call(entry.compiled, _flat_tensors((args, tuple(kwargs.values()))))
+    return _results(info, bound, outs), entry.reason
+
+
+def _results(info: Any, bound: list[Any], fresh: list[torch.Tensor]) -> Any:
+    """The op's returns: aliases of arguments are those arguments, the rest the program's outputs."""
+    it = iter(fresh)
+    results = [bound[alias] if alias is not None else next(it) for alias, _ in info.returns]
+    return results[0] if len(results) == 1 else tuple(results)
+
+
+# ---------------------------------------------------------------------------------------------
+# Warnings
+# ---------------------------------------------------------------------------------------------
+_warned: set[str] = set()
+# Host work that is not a computation a program should do: no warning (still counted).
+QUIET_REASONS = {"reads one value to the host", "a tensor of no elements"}
+
+
+def warn_host(name: str, reason: str) -> None:
+    """Once per op: the op runs on the host, and why."""
+    if reason in QUIET_REASONS:
+        return
+    with _lock:
+        if name in _warned:
+            return
+        _warned.add(name)
+    warnings.warn(f"aten::{name} runs on the host (CPU), not as a Spyre program: {reason.rstrip('.')}. "
+                  f"It is counted in torch_spyre.fallback_stats().host.", UserWarning, stacklevel=4)
+
+
+def reset_warnings() -> None:
+    with _lock:
+        _warned.clear()
