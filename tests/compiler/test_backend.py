@@ -149,3 +149,32 @@ def test_fx_graph_cache_hit_in_a_second_process(tmp_path):
             for _ in range(2)]
     outs = [r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-1500:] for r in runs]
     assert outs == ["hits 0", "hits 1"], outs
+
+
+def test_dynamo_never_traces_the_device_kernels():
+    """backward() inside a compiled function graph-breaks; autograd then enters the device's Python
+    kernels while Dynamo's frame hook is active. Dynamo must skip them, not try to trace numpy/ctypes."""
+    import warnings
+
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    ref.load_state_dict(model.state_dict())
+    model = model.to("spyre")
+    x = torch.randn(8, 16)
+
+    def step(m, inp):
+        loss = m(inp).square().mean()
+        loss.backward()
+        return loss
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = torch.compile(step)(model, x.to("spyre"))
+    ref_loss = step(ref, x)
+    traced_ours = [str(w.message) for w in caught if "Dynamo does not know how to trace" in str(w.message)]
+    assert not traced_ours, traced_ours[:1]
+    torch.testing.assert_close(model[0].weight.grad.cpu(), ref[0].weight.grad, atol=1e-3, rtol=1e-2)
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-3)

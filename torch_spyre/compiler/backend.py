@@ -494,6 +494,18 @@ def _register_lowerings() -> None:
 # ---------------------------------------------------------------------------------------------
 # Registration
 # ---------------------------------------------------------------------------------------------
+def _dynamo_skips_device_kernels() -> None:
+    """Dynamo must not trace the device's Python kernels (and all they call) when the dispatcher
+    enters them inside a compiled region, e.g. autograd's backward after a graph break."""
+    from torch._C._dynamo.eval_frame import set_code_exec_strategy
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+    from ..device.registration import kernel_entry_codes
+
+    for code in kernel_entry_codes():
+        set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+
+
 def register() -> None:
     """Register the Spyre backend with Inductor and Dynamo for device ``spyre`` (idempotent)."""
     global _registered
@@ -511,6 +523,7 @@ def register() -> None:
                                     device_custom_pass=_make_version_pass())
         register_device_op_overrides(DEVICE, _make_op_overrides())
         register_interface_for_device(DEVICE, _make_device_interface())
+        _dynamo_skips_device_kernels()
         _register_lowerings()
         _no_device_constant_folding()
         from .wrapper import register_builtin_generators

@@ -83,6 +83,15 @@ def _via_fallback(name: str):
 METADATA_OPS = ("view", "as_strided", "_reshape_alias", "alias", "unfold")
 
 
+def kernel_entry_codes() -> list:
+    """The code objects through which the dispatcher enters this package's kernels. They are the
+    device's implementation, never user code: the compiler tells Dynamo never to trace them (or
+    anything they call), e.g. when autograd runs them inside a compiled region."""
+    return [_fallback.__code__, *{f(n).__code__ for f, n in ((_forward, KERNEL_NAMES[0]),
+                                                             (_cpu_metadata, METADATA_OPS[0]),
+                                                             (_via_fallback, FALLBACK_OPS[0]))}]
+
+
 def register() -> None:
     """Make ``spyre`` a PyTorch device (idempotent)."""
     global _registered
