@@ -59,6 +59,15 @@ TRANSCENDENTAL_OPS = frozenset(
 REDUCE_OPS = frozenset({"sum", "max", "min", "prod"})
 
 
+def row_major_strides(shape) -> tuple[int, ...]:
+    """Element strides of a contiguous row-major array (torch's rule: a size-0 dim counts as 1)."""
+    strides, acc = [], 1
+    for s in reversed(tuple(shape)):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
 class ProgramError(ValueError):
     """A malformed program. The message names the core and the instruction."""
 
@@ -112,11 +121,7 @@ class SpTensor:
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
         if self.strides is None:
-            st, acc = [], 1
-            for s in reversed(self.shape):
-                st.append(acc)
-                acc *= s
-            object.__setattr__(self, "strides", tuple(reversed(st)))
+            object.__setattr__(self, "strides", row_major_strides(self.shape))
         else:
             object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
 

@@ -25,6 +25,8 @@ from functools import cached_property
 
 import numpy as np
 
+from ..program import row_major_strides
+
 STICK_BYTES = 128
 
 # Device element types: name -> (bytes per element, numpy dtype of the stored bits).
@@ -87,11 +89,7 @@ class StickLayout:
 
     @cached_property
     def host_strides(self) -> tuple[int, ...]:
-        strides, acc = [], 1
-        for d in reversed(self._shape):
-            strides.append(acc)
-            acc *= d
-        return tuple(reversed(strides))
+        return row_major_strides(self._shape)
 
     @cached_property
     def n_sticks(self) -> int:
@@ -208,12 +206,7 @@ class StickLayout:
         if idx.size and (idx.min() < 0 or idx.max() >= self.numel):
             raise LayoutError(f"host index out of range for a layout of {self.numel} elements")
         coords = np.unravel_index(idx, self._shape)
-        dev_strides = []
-        acc = 1
-        for size in reversed(self.device_size):
-            dev_strides.append(acc)
-            acc *= size
-        dev_strides = dict(zip(self.device_dims, reversed(dev_strides)))
+        dev_strides = dict(zip(self.device_dims, row_major_strides(self.device_size)))
         c = coords[self.stick_dim]
         off = (c // self.lanes) * dev_strides["sticks"] + (c % self.lanes) * dev_strides["lanes"]
         for d in self._outer:

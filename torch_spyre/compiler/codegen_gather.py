@@ -36,6 +36,7 @@ from torch_spyre.card.layout import STICK_BYTES, StickLayout
 from torch_spyre.compiler.decisions import BufferDecision, KernelDecisions
 from torch_spyre.compiler.scratchpad import ScratchpadOverflowError, SpBuffer, plan
 from torch_spyre.program import (
+    row_major_strides,
     SP_DTYPES,
     Addr,
     DmaGather,
@@ -91,11 +92,7 @@ class TensorArg:
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
         if self.strides is None:
-            st, acc = [], 1
-            for s in reversed(self.shape):
-                st.append(acc)
-                acc *= s
-            object.__setattr__(self, "strides", tuple(reversed(st)))
+            object.__setattr__(self, "strides", row_major_strides(self.shape))
         object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
         if len(self.strides) != len(self.shape):
             raise CodegenError(f"%{self.name}: {len(self.shape)} sizes {list(self.shape)} but strides {list(self.strides)}")

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..card.layout import StickLayout
+from ..program import row_major_strides
 from ..card.memory import Allocation, DeviceOutOfMemoryError
 from . import cards, dtypes, storage
 
@@ -69,11 +70,7 @@ def layout_for(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -
 
 
 def contiguous_strides(size: Sequence[int]) -> list[int]:
-    strides, acc = [], 1
-    for s in reversed(size):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return list(reversed(strides))
+    return list(row_major_strides(size))
 
 
 # --- allocation ----------------------------------------------------------------------------------
