@@ -2,9 +2,10 @@
 
     spyre info            the card configuration (every figure with unit, confidence, source) and derived peaks
     spyre info --json     the same as JSON
+    spyre run             embed sentences with all-MiniLM-L6-v2 on the simulated card (compiled; --eager),
+                          print the similarities and a per-kernel latency report in simulated device time
 
-Exit codes: 0 success, 2 invalid configuration or usage. More subcommands (``spyre run``) come with the
-compiler.
+Exit codes: 0 success, 1 the job failed (the message says why), 2 invalid configuration or usage.
 """
 
 from __future__ import annotations
@@ -79,12 +80,89 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+_PIPE_WIDTH = 160  # columns of `spyre run`'s tables when stdout is not a terminal
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _read_sentences(path: str) -> tuple[str, ...]:
+    """One sentence per non-empty line of ``path`` ("-" reads standard input)."""
+    text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+    return tuple(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _run_options(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    """The job's options from the arguments; usage errors exit 2 through ``parser.error``."""
+    from pathlib import Path
+
+    from .jobs.embed import DEFAULT_SENTENCES, EmbedOptions
+
+    sentences = tuple(args.sentences or ())
+    if args.file is not None:
+        try:
+            sentences += _read_sentences(args.file)
+        except OSError as e:
+            parser.error(f"cannot read sentences from {args.file}: {e.strerror}")
+    try:
+        return EmbedOptions(sentences=sentences or DEFAULT_SENTENCES, mode="eager" if args.eager else "compiled",
+                            dtype=args.dtype, batch_size=args.batch_size, seq_len=args.seq_len,
+                            profile_dir=Path(args.profile) if args.profile else None)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .jobs.embed import JobError, run
+
+    options = _run_options(args, args.parser)
+    # Kernel names are long: when the output is not a terminal (a pipe, a file, a test), do not fold
+    # them into a narrow column.
+    console = Console() if sys.stdout.isatty() else Console(width=_PIPE_WIDTH)
+    try:
+        run(options, console, Console(stderr=True))
+    except JobError as e:
+        print(f"spyre run: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _add_run_parser(sub: argparse._SubParsersAction) -> None:
+    from .jobs.embed import DEFAULT_SEQ_LEN, DTYPES
+
+    run = sub.add_parser("run", help="embed sentences with MiniLM on the simulated card",
+                         description="Embed sentences with all-MiniLM-L6-v2 on the simulated Spyre card; print "
+                                     "their cosine similarities and a per-kernel latency report in simulated "
+                                     "device time.")
+    run.add_argument("--sentences", nargs="+", metavar="TEXT", help="sentences to embed (default: built-in examples)")
+    run.add_argument("--file", metavar="PATH", help="read sentences from PATH, one per line ('-' for stdin)")
+    run.add_argument("--eager", action="store_true",
+                     help="run eagerly on spyre (each op through the device) instead of compiling for the card")
+    run.add_argument("--dtype", choices=sorted(DTYPES), default="fp16", help="model dtype on the card (default fp16)")
+    run.add_argument("--batch-size", type=_positive_int, default=None,
+                     help="sentences per forward call (default: all in one batch)")
+    run.add_argument("--seq-len", type=_positive_int, default=DEFAULT_SEQ_LEN,
+                     help=f"tokens per sentence, padded or truncated (default {DEFAULT_SEQ_LEN})")
+    run.add_argument("--profile", metavar="DIR", help="write DIR/trace.json (Perfetto) and DIR/timeline.png")
+    run.set_defaults(func=_run, parser=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spyre", description="torch-spyre: IBM Spyre on a simulated card")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     info = sub.add_parser("info", help="print the card configuration and derived peaks")
     info.add_argument("--json", action="store_true", help="print JSON instead of tables")
     info.set_defaults(func=_info)
+    _add_run_parser(sub)
     return parser
 
 

