@@ -105,6 +105,7 @@ def reset_cache(size: int | None = None) -> None:
     global _cache
     with _lock:
         _cache = _Cache(size if size is not None else _cache_size())
+        _out_shape_cache.clear()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,14 +147,15 @@ def _flat_tensors(values) -> list[torch.Tensor]:
 
 
 def call_host_reason(info: Any, bound: list[Any]) -> str:
-    """Why this call runs on the host ("" if it may become a program)."""
+    """Why this call runs on the host ("" if it may become a program). ``out=`` arguments may still be
+    empty here (the op resizes them)."""
     tensors = _flat_tensors(bound)
-    spyre = [t for t in tensors if t.device.type == "spyre"]
-    if not spyre:
-        return "no spyre tensor argument (a factory)"
-    if len(spyre) != len(tensors):
+    inputs = _flat_tensors([v for v, out in zip(bound, info.is_out) if not out])
+    if not any(t.device.type == "spyre" for t in inputs):
+        return "no spyre tensor input (a factory: its values do not depend on device data)"
+    if any(t.device.type != "spyre" for t in tensors):
         return "a CPU scalar tensor argument"
-    if any(t.numel() == 0 for t in spyre):
+    if any(t.numel() == 0 for t in inputs):
         return "a tensor of no elements"
     if any(info.is_write) and _written_overlaps(info, bound):
         return "a written argument overlaps another argument other than as the same view"
@@ -256,20 +258,47 @@ def one_op_function(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: d
     return fn, tensors
 
 
-def _out_needs_resize(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: dict) -> bool:
-    """An ``out=`` whose shape the op would change (the host path resizes it, with torch's warning)."""
+def out_shapes(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: dict) -> list[tuple[int, ...]]:
+    """The shapes the op gives its written arguments (``out=`` may need a resize), from a fake run."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-        to_fake = lambda x: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x  # noqa: E731
+    from ..device.fallback import _bound_args
+
+    with FakeTensorMode() as mode:
+        to_fake = lambda x: mode.from_tensor(x)  # noqa: E731
         fargs = tuple(_map_tensors(to_fake, a) for a in args)
         fkwargs = {k: _map_tensors(to_fake, v) for k, v in kwargs.items()}
-        from ..device.fallback import _bound_args
-
-        before = [tuple(t.shape) for t in _written(info, _bound_args(info, fargs, fkwargs))]
         op(*fargs, **fkwargs)
-        after = [tuple(t.shape) for t in _written(info, _bound_args(info, fargs, fkwargs))]
-    return before != after
+        return [tuple(t.shape) for t in _written(info, _bound_args(info, fargs, fkwargs))]
+
+
+def resize_outs(op, info: Any, args: tuple, kwargs: dict, bound: list[Any], key: tuple) -> bool:
+    """Resize written arguments to the op's result shapes, as the CPU does (its warning when the
+    ``out=`` had elements). The target shapes are cached per signature. True if anything was resized."""
+    from ..device.fallback import _resize_warning
+
+    with _lock:
+        shapes = _out_shape_cache.get(key)
+    if shapes is None:
+        try:
+            shapes = out_shapes(op, info, args, kwargs)
+        except Exception as e:  # noqa: BLE001 - e.g. data-dependent output shapes
+            raise HostOp(f"{type(e).__name__}: {_first_line(e)}") from None
+        with _lock:
+            _out_shape_cache[key] = shapes
+            if len(_out_shape_cache) > _cache.size:
+                _out_shape_cache.pop(next(iter(_out_shape_cache)))
+    resized = False
+    for t, shape in zip(_written(info, bound), shapes):
+        if tuple(t.shape) != shape:
+            if t.numel():
+                _resize_warning(t, torch.empty(shape, device="meta"))
+            t.resize_(shape)
+            resized = True
+    return resized
+
+
+_out_shape_cache: dict[tuple, list[tuple[int, ...]]] = {}
 
 
 def _written(info: Any, bound: list[Any]) -> list[torch.Tensor]:
@@ -311,7 +340,8 @@ class HostOp(Exception):
 class _Nested:
     def __enter__(self):
         _local.depth = getattr(_local, "depth", 0) + 1
-        _local.nested_host = getattr(_local, "nested_host", 0) if _local.depth > 1 else 0
+        if _local.depth == 1:
+            _local.nested_host, _local.nested_names = 0, ()
 
     def __exit__(self, *exc):
         _local.depth -= 1
@@ -332,8 +362,6 @@ def _compile_entry(op, info, args, kwargs, bound) -> tuple[Entry, list[torch.Ten
     """Compile the signature's program and run it once; an Entry saying why not on any failure."""
     from . import wrapper
 
-    if any(info.is_out) and _out_needs_resize(op, info, args, kwargs):
-        return Entry(None, "the out= argument must be resized"), None
     fn, tensors = one_op_function(op, info, args, kwargs)
     host_before = sum(wrapper.host_fallback_stats().values())
     try:
@@ -345,7 +373,7 @@ def _compile_entry(op, info, args, kwargs, bound) -> tuple[Entry, list[torch.Ten
     nested = sum(wrapper.host_fallback_stats().values()) - host_before + getattr(_local, "nested_host", 0)
     if nested:
         names = ", ".join(sorted(set(getattr(_local, "nested_names", ())))) or "an extern kernel"
-        return Entry(None, f"its compiled graph runs {names} on the host"), outs
+        return Entry(None, f"no Spyre lowering (its compiled graph runs {names} on the host)"), outs
     return Entry(compiled), outs
 
 
@@ -370,6 +398,10 @@ def run(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: dict, card: i
     if reason:
         raise HostOp(reason)
     key = signature(op, args, kwargs, card)
+    if any(info.is_out) and resize_outs(op, info, args, kwargs, bound, key):
+        if any(t.numel() == 0 for t in _written(info, bound)):
+            raise HostOp("a tensor of no elements")
+        key = signature(op, args, kwargs, card)
     with _lock:
         entry = _cache.get(key)
     if entry is not None and entry.compiled is None:
@@ -403,8 +435,19 @@ _warned: set[str] = set()
 QUIET_REASONS = {"reads one value to the host", "a tensor of no elements"}
 
 
+_reasons: dict[str, str] = {}
+
+
+def host_reasons() -> dict[str, str]:
+    """Op name -> the last reason it ran on the host (in compile mode)."""
+    with _lock:
+        return dict(_reasons)
+
+
 def warn_host(name: str, reason: str) -> None:
     """Once per op: the op runs on the host, and why."""
+    with _lock:
+        _reasons[name] = reason
     if reason in QUIET_REASONS:
         return
     with _lock:
@@ -416,5 +459,7 @@ def warn_host(name: str, reason: str) -> None:
 
 
 def reset_warnings() -> None:
+    """Warn again for every op (and forget the host reasons)."""
     with _lock:
         _warned.clear()
+        _reasons.clear()

@@ -1,0 +1,248 @@
+"""compiler/eager.py: eager ops on spyre as cached single-op programs; host fallbacks warn once and count."""
+
+from __future__ import annotations
+
+import pathlib
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_spyre
+from torch_spyre.compiler import eager, eager_sweep, wrapper
+
+from .spyre_compile_helpers import TOL
+
+DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "supported-ops.md"
+
+
+@pytest.fixture(autouse=True)
+def compile_mode(monkeypatch):
+    monkeypatch.setenv("TORCH_SPYRE_EAGER", "compile")
+    torch_spyre.reset_fallback_stats()
+    wrapper.reset_host_fallback_stats()
+    eager.reset_warnings()
+    yield
+
+
+def s(x: torch.Tensor) -> torch.Tensor:
+    return x.to("spyre")
+
+
+def _x(*shape, dtype=torch.float32, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def assert_programs_only(stats):
+    assert stats.compiled, "nothing ran as a program"
+    assert dict(stats) == {} and stats.host == {}, f"host fallbacks: {stats.host}"
+    assert wrapper.host_fallback_stats() == {}
+
+
+# Common eager ops: (function, CPU inputs, tolerance dtype). fp32 matmuls round their operands to
+# DLFloat16 on the card (the PE arrays multiply 16-bit floats): fp16 tolerances.
+H = torch.float16
+CASES = {
+    "add": (lambda a, b: a + b, (_x(8, 64), _x(8, 64, seed=1)), torch.float32),
+    "mul_broadcast": (lambda a, b: a * b, (_x(8, 64), _x(64, seed=1)), torch.float32),
+    "div": (lambda a, b: a / b, (_x(8, 64), _x(8, 64, seed=1).abs() + 1), torch.float32),
+    "exp": (torch.exp, (_x(8, 64),), torch.float32),
+    "tanh": (torch.tanh, (_x(8, 64),), torch.float32),
+    "gelu": (F.gelu, (_x(8, 64),), torch.float32),
+    "silu": (F.silu, (_x(8, 64),), torch.float32),
+    "sum": (lambda a: a.sum(-1), (_x(8, 64),), torch.float32),
+    "mean": (lambda a: a.mean(0), (_x(8, 64),), torch.float32),
+    "amax": (lambda a: a.amax(-1), (_x(8, 64),), torch.float32),
+    "softmax": (lambda a: a.softmax(-1), (_x(8, 64),), torch.float32),
+    "log_softmax": (lambda a: a.log_softmax(-1), (_x(8, 64),), torch.float32),
+    "layer_norm": (lambda a, w, b: F.layer_norm(a, (64,), w, b), (_x(8, 64), _x(64, seed=1), _x(64, seed=2)),
+                   torch.float32),
+    "matmul": (torch.matmul, (_x(16, 64, dtype=H), _x(64, 32, dtype=H, seed=1)), H),
+    "mm_fp32": (torch.mm, (_x(16, 64), _x(64, 32, seed=1)), H),
+    "bmm": (torch.bmm, (_x(2, 16, 64, dtype=H), _x(2, 64, 32, dtype=H, seed=1)), H),
+    "linear": (F.linear, (_x(16, 64, dtype=H), _x(32, 64, dtype=H, seed=1), _x(32, dtype=H, seed=2)), H),
+    "embedding": (F.embedding, (torch.tensor([[0, 3, 5], [31, 2, 2]]), _x(32, 64)), torch.float32),
+    "where": (lambda c, a, b: torch.where(c > 0, a, b), (_x(8, 64), _x(8, 64, seed=1), _x(8, 64, seed=2)),
+              torch.float32),
+    "cat": (lambda a, b: torch.cat([a, b], 0), (_x(8, 64), _x(4, 64, seed=1)), torch.float32),
+    "transpose_contiguous": (lambda a: (a.t().contiguous() * 2), (_x(64, 64),), torch.float32),
+}
+FAST = ("add", "softmax", "matmul")
+
+
+def _check_case(name):
+    fn, inputs, tol = CASES[name]
+    out = fn(*[s(x) for x in inputs])
+    torch.testing.assert_close(out.cpu().float(), fn(*inputs).float(), **TOL[tol])
+    assert_programs_only(torch_spyre.fallback_stats())
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_common_ops_run_as_programs_and_match_cpu(name):
+    _check_case(name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in CASES if n not in FAST])
+def test_more_common_ops_run_as_programs_and_match_cpu(name):
+    _check_case(name)
+
+
+def test_second_call_with_the_same_signature_does_not_recompile():
+    a, b = s(_x(8, 64)), s(_x(8, 64, seed=1))
+    torch.sigmoid(a)  # compiles
+    before = eager.cache_stats()
+    prepared = []
+    orig = wrapper.SpyreKernel._prepare
+    wrapper.SpyreKernel._prepare = lambda self, *args: prepared.append(self.name) or orig(self, *args)
+    try:
+        out = torch.sigmoid(b)
+    finally:
+        wrapper.SpyreKernel._prepare = orig
+    after = eager.cache_stats()
+    assert after["compiles"] == before["compiles"] and after["hits"] == before["hits"] + 1
+    assert prepared == []  # the program was generated and prepared once, for the first call
+    assert torch_spyre.fallback_stats().compiled == {"sigmoid.out": 2}
+    torch.testing.assert_close(out.cpu(), torch.sigmoid(b.cpu()))
+
+
+def test_a_new_signature_compiles_again():
+    torch.sigmoid(s(_x(8, 64)))
+    n = eager.cache_stats()["compiles"]
+    torch.sigmoid(s(_x(8, 128)))  # another shape
+    torch.sigmoid(s(_x(8, 64, dtype=torch.float16)))  # another dtype
+    torch.sigmoid(torch_spyre.to_spyre(_x(8, 64), stick_dim=0))  # another stick layout
+    assert eager.cache_stats()["compiles"] == n + 3
+
+
+def test_cache_is_a_bounded_lru():
+    eager.reset_cache(size=2)
+    try:
+        for n in (64, 128, 192):
+            torch.neg(s(_x(4, n)))
+        stats = eager.cache_stats()
+        assert stats["entries"] == 2 and stats["evictions"] == 1 and stats["size"] == 2
+        torch.neg(s(_x(4, 192)))  # most recent: still cached
+        assert eager.cache_stats()["hits"] == 1
+    finally:
+        eager.reset_cache()
+
+
+def test_in_place_and_out_variants_write_the_real_outputs():
+    a, b = _x(8, 64), _x(8, 64, seed=1)
+    x = s(a)
+    r = x.mul_(s(b))
+    assert r is x
+    torch.testing.assert_close(x.cpu(), a * b)
+    out = s(torch.zeros(8, 64))
+    r = torch.add(s(a), s(b), alpha=2, out=out)
+    assert r is out
+    torch.testing.assert_close(out.cpu(), a + 2 * b)
+    view = s(torch.zeros(8, 128))[:, 64:]  # an out= view into a larger storage
+    torch.exp(s(a), out=view)
+    torch.testing.assert_close(view.cpu(), a.exp(), **TOL[torch.float32])
+    assert view._base is not None and view.cpu().shape == (8, 64)
+    assert_programs_only(torch_spyre.fallback_stats())
+
+
+def test_out_of_another_shape_is_resized_as_on_the_cpu():
+    a = _x(8, 64)
+    empty = s(torch.empty(0))
+    torch.tanh(s(a), out=empty)  # no elements: resized without a warning
+    assert empty.shape == (8, 64)
+    wrong = s(torch.zeros(3))
+    with pytest.warns(UserWarning, match="An output with one or more elements was resized"):
+        torch.tanh(s(a), out=wrong)
+    torch.testing.assert_close(wrong.cpu(), a.tanh(), **TOL[torch.float32])
+    assert_programs_only(torch_spyre.fallback_stats())
+
+
+def test_an_op_without_a_lowering_warns_once_and_counts_as_host():
+    a = _x(8, 64)
+    with pytest.warns(UserWarning, match=r"aten::cumsum.out runs on the host \(CPU\), not as a Spyre program"):
+        out = torch.cumsum(s(a), -1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out2 = torch.cumsum(s(a), -1)  # no second warning, no second compile attempt
+    torch.testing.assert_close(out.cpu(), a.cumsum(-1))
+    torch.testing.assert_close(out2.cpu(), a.cumsum(-1))
+    stats = torch_spyre.fallback_stats()
+    assert stats.host == {"cumsum.out": 2} and stats == {"cumsum.out": 2} and stats.compiled == {}
+    assert eager.cache_stats()["failures"] >= 1
+
+
+def test_ops_kept_on_the_host_by_design():
+    x = s(_x(8, 64))
+    with pytest.warns(UserWarning, match="random op"):
+        torch.rand_like(x)
+    assert x.sum().item() == pytest.approx(_x(8, 64).sum().item(), rel=1e-5, abs=1e-4)  # no warning for .item()
+    stats = torch_spyre.fallback_stats()
+    assert stats.host == {"_local_scalar_dense": 1, "uniform_": 1}
+    assert stats.compiled == {"sum.IntList_out": 1}
+    reasons = eager.host_reasons()
+    assert reasons["uniform_"].startswith("random op") and reasons["_local_scalar_dense"] == "reads one value to the host"
+
+
+def test_host_mode_sends_everything_to_the_host_without_warnings(monkeypatch):
+    monkeypatch.setenv("TORCH_SPYRE_EAGER", "host")
+    a = _x(8, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = torch.cumsum(torch.exp(s(a)), -1)
+    torch.testing.assert_close(out.cpu(), a.exp().cumsum(-1))
+    stats = torch_spyre.fallback_stats()
+    assert stats.compiled == {} and stats.host == {"cumsum.out": 1, "exp.out": 1}
+
+
+def test_bad_mode_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("TORCH_SPYRE_EAGER", "gpu")
+    with pytest.raises(ValueError, match="TORCH_SPYRE_EAGER='gpu' is not one of compile, host"):
+        eager.mode()
+
+
+def test_programs_take_simulated_time_on_the_card():
+    x = s(_x(64, 64))
+    torch.exp(x)  # compile
+    stream = torch.spyre.current_stream()
+    start = torch.spyre.Event(enable_timing=True)
+    end = torch.spyre.Event(enable_timing=True)
+    start.record(stream)
+    torch.exp(x)
+    end.record(stream)
+    end.synchronize()
+    assert start.elapsed_time(end) > 0
+
+
+@pytest.mark.slow
+def test_autograd_backward_ops_run_as_programs_too():
+    x, w = _x(16, 64, dtype=H), _x(32, 64, dtype=H, seed=1)
+    xd, wd = s(x).requires_grad_(), s(w).requires_grad_()
+    loss = torch.tanh(F.linear(xd, wd)).sum()
+    loss.backward()
+    xc, wc = x.float().requires_grad_(), w.float().requires_grad_()
+    torch.tanh(F.linear(xc, wc)).sum().backward()
+    torch.testing.assert_close(xd.grad.cpu().float(), xc.grad, atol=0.1, rtol=0.05)
+    torch.testing.assert_close(wd.grad.cpu().float(), wc.grad, atol=0.1, rtol=0.05)
+    stats = torch_spyre.fallback_stats()
+    assert "mm.out" in stats.compiled and "tanh_backward.grad_input" in stats.compiled
+    assert stats.host == {}, stats.host
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/supported-ops.md against the code
+# ---------------------------------------------------------------------------------------------
+DOC_SAMPLE = ("add", "softmax", "cumsum", "rand_like", "item")
+
+
+def test_supported_ops_doc_matches_the_code_on_a_sample():
+    documented = eager_sweep.parse(DOC.read_text())
+    assert set(documented) == set(eager_sweep.CASES)
+    for name in DOC_SAMPLE:
+        r = eager_sweep.run_case(name)
+        assert documented[name] == {"program": sorted(r["program"]), "host": sorted(r["host"])}, name
+
+
+@pytest.mark.slow
+def test_supported_ops_doc_is_the_sweep():
+    assert DOC.read_text() == eager_sweep.render(eager_sweep.sweep())
