@@ -412,6 +412,34 @@ def _walks_buffer_dims(view) -> bool:
         return False
 
 
+def _lower_flash_attention(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """``spyre::flash_attention`` (traced SDPA on spyre, see ``device/sdpa.py``) -> one kernel of the
+    "attention" generator (``codegen_attention.py``) reading q/k/v/mask as they lie (views included),
+    writing a fresh contiguous [B, Hq, Lq, Dv]."""
+    from torch._inductor import ir
+
+    q, k, v = (ir.ExternKernel.realize_input(x) for x in (query, key, value))
+    inputs, roles = [q, k, v], ["query", "key", "value"]
+    if attn_mask is not None:
+        inputs.append(ir.ExternKernel.realize_input(attn_mask))
+        roles.append("attn_mask")
+    B, Hq, Lq, _ = q.get_size()
+    size = [B, Hq, Lq, v.get_size()[-1]]
+    params = {"is_causal": bool(is_causal), "scale": None if scale is None else float(scale),
+              "enable_gqa": bool(enable_gqa), "attn_mask": "attn_mask" if attn_mask is not None else None,
+              "kind": "attention"}
+    return _extern("attention", "sdpa", roles, inputs, size, q.get_dtype(), params)
+
+
+def _register_sdpa_lowering() -> None:
+    from torch._inductor import lowering as L
+
+    op = getattr(getattr(torch.ops, "spyre", None), "flash_attention", None)
+    if op is None:  # the device did not define it (torch_spyre.device.sdpa)
+        return
+    L.lowerings[op.default] = _lower_flash_attention
+
+
 def compiler_fingerprint() -> str:
     """A hash of the compiler's sources: part of Inductor's FX-graph cache key for every graph (through
     the device's custom pass uuid), so a cached wrapper never outlives the compiler that wrote it. Programs
@@ -489,6 +517,7 @@ def _register_lowerings() -> None:
         if original is None or getattr(original, "__name__", "").startswith("spyre_"):
             continue
         L.lowerings[op] = _spyre_lowering(original, fn, name)
+    _register_sdpa_lowering()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -120,8 +120,9 @@ def register() -> None:
         catch_all.fallback(_fallback, "PrivateUse1")
         _libraries.extend([aten, catch_all])
 
-        from . import serialization, torch_patches
+        from . import sdpa, serialization, torch_patches
 
+        sdpa.register()  # traced SDPA on spyre -> spyre::flash_attention (see sdpa.py)
         serialization.register()
         torch_patches.patch()
         _registered = True

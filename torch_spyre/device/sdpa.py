@@ -1,0 +1,131 @@
+"""Scaled dot-product attention on spyre: ``spyre::flash_attention`` and the routing of SDPA to it.
+
+``F.scaled_dot_product_attention`` is CompositeImplicitAutograd: its C++ kernel picks a backend through
+``_fused_sdp_choice_stub``, a C++ DispatchStub that a Python backend cannot fill (the
+``aten::_fused_sdp_choice`` *operator* is not what the C++ kernel asks for a PrivateUse1 tensor, so a
+PrivateUse1 kernel registered for it is never called), so on spyre SDPA always takes the math path
+(bmm + masked softmax + bmm).
+
+What this module does instead:
+
+- defines ``spyre::flash_attention(q, k, v, attn_mask, is_causal, scale, enable_gqa) -> Tensor``, a
+  functional op with torch's SDPA semantics (4-d q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv],
+  output contiguous [B, Hq, Lq, Dv]). Its CPU kernel is torch's math decomposition; on spyre, eager
+  calls go through the device's fallback (``fallback.run``); its Meta kernel gives the shape for
+  tracing. Inductor lowers it to one kernel of the ``attention`` generator (``compiler/backend.py``);
+- registers a Python kernel for SDPA's CompositeImplicitAutograd key. The Python dispatcher, on during
+  tracing (torch.compile / AOTAutograd / export) and never in eager, calls it: for spyre tensors of a
+  case the generator supports (see :func:`supported`) and with no gradient to compute, it emits
+  ``spyre::flash_attention``; everything else (other devices, training graphs, dropout, symbolic
+  shapes, 3-d inputs, masks broadcast over keys, ...) takes torch's own decomposition, unchanged.
+
+Training graphs keep the math path: its backward is the decomposed ops, which all run on the card.
+Eager SDPA keeps the math path (the C++ choice is out of reach from Python).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_lib: torch.library.Library | None = None
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _math(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    from torch._C import DispatchKey
+
+    op = torch.ops.aten.scaled_dot_product_attention.default
+    return op._op_dk(DispatchKey.CompositeImplicitAutograd, q, k, v, attn_mask, 0.0, is_causal,
+                     scale=scale, enable_gqa=enable_gqa)
+
+
+def _flash_eager(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    return _math(q, k, v, attn_mask, is_causal, scale, enable_gqa).contiguous()
+
+
+def _flash_device(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """Eager on spyre: through the device's fallback (``fallback.run``: a single-op program when eager
+    ops are compiled, else the math decomposition on the host in the input dtype, timed on the card).
+    Not the device's own math ops: a bool mask becomes -inf scores, which DLFloat16 holds as NaN."""
+    from . import fallback
+
+    return fallback.run(torch.ops.spyre.flash_attention.default, q, k, v, attn_mask, is_causal, scale, enable_gqa)
+
+
+def _flash_meta(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    B, Hq, Lq, _ = q.shape
+    return q.new_empty((B, Hq, Lq, v.shape[-1]))
+
+
+def _static(*sizes) -> bool:
+    return all(type(s) is int for s in sizes)
+
+
+def supported(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False) -> str | None:
+    """None when ``spyre::flash_attention`` can take this call, else why not (it keeps the math path)."""
+    ts = [t for t in (q, k, v, attn_mask) if t is not None]
+    if any(not isinstance(t, torch.Tensor) for t in ts):
+        return "non-tensor operand"
+    if q.device.type != "spyre" or any(t.device != q.device for t in ts):
+        return "not all operands on one spyre device"
+    if dropout_p:
+        return "dropout"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in ts):
+        return "gradient needed (training graphs keep the math path)"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return "not 4-d"
+    if not _static(*q.shape, *k.shape, *v.shape, *(attn_mask.shape if attn_mask is not None else ())):
+        return "symbolic shapes"
+    if q.dtype not in FLOAT_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return "dtype"
+    (B, Hq, Lq, D), (Bk, Hkv, Lk, Dk), (Bv, Hv, Lv, _) = q.shape, k.shape, v.shape
+    if not (B == Bk == Bv) or Hkv != Hv or Lk != Lv or D != Dk or min(q.numel(), k.numel(), v.numel()) == 0:
+        return "shapes"
+    if Hq % Hkv or (Hq != Hkv and not enable_gqa):
+        return "heads"
+    if attn_mask is not None:
+        if attn_mask.dtype != torch.bool and attn_mask.dtype not in FLOAT_DTYPES:
+            return "mask dtype"
+        shape = attn_mask.shape
+        if len(shape) > 4 or len(shape) < 1 or shape[-1] != Lk:
+            return "mask shape"
+        target = (B, Hq, Lq, Lk)[4 - len(shape):]
+        if any(s not in (1, t) for s, t in zip(shape, target)):
+            return "mask shape"
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        return "scale"
+    return None
+
+
+def _sdpa_py_impl(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if isinstance(q, torch.Tensor) and q.device.type == "spyre":
+        if supported(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa) is None:
+            return torch.ops.spyre.flash_attention(q, k, v, attn_mask, bool(is_causal),
+                                                   None if scale is None else float(scale), bool(enable_gqa))
+    from torch._C import DispatchKey
+
+    return torch.ops.aten.scaled_dot_product_attention.default._op_dk(
+        DispatchKey.CompositeImplicitAutograd, q, k, v, attn_mask, dropout_p, is_causal, scale=scale,
+        enable_gqa=enable_gqa)
+
+
+def register() -> list[torch.library.Library]:
+    """Define ``spyre::flash_attention`` and route traced spyre SDPA to it (idempotent)."""
+    global _lib
+    if _lib is not None:
+        return [_lib]
+    from torch._C import DispatchKey
+
+    lib = torch.library.Library("spyre", "DEF")
+    lib.define("flash_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
+               "bool is_causal=False, float? scale=None, bool enable_gqa=False) -> Tensor")
+    lib.impl("flash_attention", _flash_eager, "CompositeExplicitAutograd")
+    lib.impl("flash_attention", _flash_meta, "Meta")
+    lib.impl("flash_attention", _flash_device, "PrivateUse1")
+    op = torch.ops.aten.scaled_dot_product_attention.default
+    if DispatchKey.CompositeImplicitAutograd not in op.py_kernels:
+        op.py_impl(DispatchKey.CompositeImplicitAutograd)(_sdpa_py_impl)
+    _lib = lib
+    return [lib]
