@@ -108,9 +108,12 @@ def _run_options(args: argparse.Namespace, parser: argparse.ArgumentParser):
     sentences = tuple(args.sentences or ())
     if args.file is not None:
         try:
-            sentences += _read_sentences(args.file)
+            from_file = _read_sentences(args.file)
         except OSError as e:
             parser.error(f"cannot read sentences from {args.file}: {e.strerror}")
+        if not from_file:
+            parser.error(f"no sentences in {args.file} (expected one per line)")
+        sentences += from_file
     try:
         return EmbedOptions(sentences=sentences or DEFAULT_SENTENCES, mode="eager" if args.eager else "compiled",
                             dtype=args.dtype, batch_size=args.batch_size, seq_len=args.seq_len,
