@@ -33,11 +33,12 @@ from typing import Any, Callable
 import torch
 
 MODES = ("compile", "host")
-DEFAULT_MODE = "compile"
+DEFAULT_MODE = "host"  # see docs/compiler.md "Eager mode": the device suite pins the host path
 DEFAULT_CACHE_SIZE = 1024
 
 _local = threading.local()
 _lock = threading.RLock()
+_compile_lock = threading.Lock()  # one Inductor compilation at a time
 
 
 def mode() -> str:
@@ -51,6 +52,20 @@ def mode() -> str:
 def active() -> bool:
     """True while this thread compiles or runs an eager single-op program (nested ops go to the host)."""
     return getattr(_local, "depth", 0) > 0
+
+
+def compiling() -> bool:
+    """True while this thread traces or compiles an eager single-op program."""
+    return getattr(_local, "compiling", False)
+
+
+class _Compiling:
+    def __enter__(self):
+        self.previous = compiling()
+        _local.compiling = True
+
+    def __exit__(self, *exc):
+        _local.compiling = self.previous
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,8 +336,12 @@ def compile_one_op(fn: Callable[..., tuple], tensors: list[torch.Tensor]) -> Cal
     from . import backend
 
     backend.register()
-    gm = make_fx(fn, tracing_mode="fake")(*tensors)
-    return compile_fx(gm, list(tensors))
+    with warnings.catch_warnings():  # the compiler's own warnings (torch internals) are not the op's
+        warnings.simplefilter("ignore")
+        gm = make_fx(fn, tracing_mode="fake")(*tensors)
+        # Fake example inputs: nothing is computed on real tensors while compiling.
+        fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+        return compile_fx(gm, fakes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,7 +384,7 @@ def _compile_entry(op, info, args, kwargs, bound) -> tuple[Entry, list[torch.Ten
     fn, tensors = one_op_function(op, info, args, kwargs)
     host_before = sum(wrapper.host_fallback_stats().values())
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _Compiling(), _compile_lock:
             compiled = compile_one_op(fn, tensors)
         outs = _call(compiled, tensors)
     except Exception as e:  # noqa: BLE001 - any compiler refusal means: no device lowering

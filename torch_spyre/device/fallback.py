@@ -296,7 +296,11 @@ def run(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     done, result = _try_program(op, info, args, kwargs, card)
     if done:
         return result
-    return _run_on_host(op, info, args, kwargs, card)
+    from ..compiler import eager
+
+    # While an eager program compiles, fake tensors run ops that have no meta kernel on real zeros of
+    # the device to learn output shapes: probes of the compiler, neither counted nor timed.
+    return _run_on_host(op, info, args, kwargs, card, probe=eager.compiling())
 
 
 def _try_program(op, info: _OpInfo, args: tuple, kwargs: dict, card: int) -> tuple[bool, Any]:
@@ -306,13 +310,19 @@ def _try_program(op, info: _OpInfo, args: tuple, kwargs: dict, card: int) -> tup
 
     if eager.mode() != "compile":
         return False, None
+    if eager.compiling():
+        return False, None
     if eager.active():  # an op inside an eager program's graph: on the host, and the program is not used
         eager.note_nested_host(info.name)
         return False, None
     try:
         result, host_reason = eager.run(op, info, args, kwargs, card)
     except eager.HostOp as e:
-        eager.warn_host(info.name, e.reason)
+        reason = e.reason
+    else:
+        reason = ""
+    if reason:  # (warned outside the except: a warning raised as an error does not chain HostOp)
+        eager.warn_host(info.name, reason)
         return False, None
     if host_reason:  # its graph computed on the host: those nested ops are already counted as host
         eager.warn_host(info.name, host_reason)
@@ -322,9 +332,10 @@ def _try_program(op, info: _OpInfo, args: tuple, kwargs: dict, card: int) -> tup
     return True, result
 
 
-def _run_on_host(op, info: _OpInfo, args: tuple, kwargs: dict, card: int) -> Any:
-    with _counts_lock:
-        _counts[info.name] += 1
+def _run_on_host(op, info: _OpInfo, args: tuple, kwargs: dict, card: int, probe: bool = False) -> Any:
+    if not probe:
+        with _counts_lock:
+            _counts[info.name] += 1
 
     # Host copies of every device tensor argument (the same host tensor for the same device tensor).
     hosts: dict[int, torch.Tensor] = {}
@@ -396,6 +407,8 @@ def _run_on_host(op, info: _OpInfo, args: tuple, kwargs: dict, card: int) -> Any
     device_returns = [bound[i] if i is not None else _map(upload, r) for r, (i, _) in zip(returns, aliases)]
     result = tuple(device_returns) if isinstance(host_out, tuple) else device_returns[0]
 
+    if probe:
+        return result
     flops = _flops(host_op, host_args, host_kwargs, host_out)
     rt.current_stream(card).enqueue(
         f"aten::{info.name}", roofline_seconds(flops, nbytes), kind="fallback", resource="compute",
