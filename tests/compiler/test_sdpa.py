@@ -65,6 +65,7 @@ CASES = {
     "gqa_causal_fp16_d64_odd": (2, 8, 2, 65, 65, 64, torch.float16, True, None),
     "gqa_bool_fp32_d32": (2, 4, 1, 31, 31, 32, torch.float32, False, "bool"),
     "causal_fp32_d64_batch3": (3, 2, 2, 29, 29, 64, torch.float32, True, None),
+    "bool_padding_bf16_d64_causal": (2, 2, 2, 40, 40, 64, torch.bfloat16, True, "bool"),
 }
 
 
