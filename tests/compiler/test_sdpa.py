@@ -109,6 +109,12 @@ def test_attention_inside_a_block_reads_projections_in_place(debug_dir):
     assert kernel_kinds(debug_dir).count("attention") == 1
 
 
+def test_operand_with_a_transposed_last_dim_is_copied_first(debug_dir):
+    q, kt, v = rnd(1, 2, 40, 64), rnd(1, 2, 64, 40, seed=1), rnd(1, 2, 40, 64, seed=2)
+    check(lambda q, kt, v: F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v), q, kt, v)
+    assert kernel_kinds(debug_dir).count("attention") == 1
+
+
 @pytest.mark.parametrize("what", ["3d", "mask_over_keys_broadcast", "int_mask"])
 def test_unsupported_cases_keep_the_math_path(what, debug_dir):
     if what == "3d":

@@ -418,10 +418,10 @@ def _lower_flash_attention(query, key, value, attn_mask=None, is_causal=False, s
     writing a fresh contiguous [B, Hq, Lq, Dv]."""
     from torch._inductor import ir
 
-    q, k, v = (ir.ExternKernel.realize_input(x) for x in (query, key, value))
+    q, k, v = (_attention_operand(x) for x in (query, key, value))
     inputs, roles = [q, k, v], ["query", "key", "value"]
     if attn_mask is not None:
-        inputs.append(ir.ExternKernel.realize_input(attn_mask))
+        inputs.append(_attention_operand(attn_mask))
         roles.append("attn_mask")
     B, Hq, Lq, _ = q.get_size()
     size = [B, Hq, Lq, v.get_size()[-1]]
@@ -429,6 +429,21 @@ def _lower_flash_attention(query, key, value, attn_mask=None, is_causal=False, s
               "enable_gqa": bool(enable_gqa), "attn_mask": "attn_mask" if attn_mask is not None else None,
               "kind": "attention"}
     return _extern("attention", "sdpa", roles, inputs, size, q.get_dtype(), params)
+
+
+def _attention_operand(x):
+    """The generator reads rows along the stick dim (the last dim, unit stride): a view whose last dim
+    has another stride (e.g. K given as a transpose of K^T) gets a copy in its own layout first."""
+    from torch._inductor import ir
+
+    x = ir.ExternKernel.realize_input(x)
+    try:
+        size, stride = x.get_size(), x.get_stride()
+        if int(size[-1]) > 1 and int(stride[-1]) != 1:
+            return ir.ExternKernel.require_contiguous(x)
+    except (TypeError, AttributeError, NotImplementedError):
+        return ir.ExternKernel.require_contiguous(x)
+    return x
 
 
 def _register_sdpa_lowering() -> None:

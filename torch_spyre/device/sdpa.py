@@ -31,6 +31,7 @@ import torch
 
 _lib: torch.library.Library | None = None
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 1024  # largest head dim the generator was checked to tile (scratchpad)
 
 
 def _math(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
@@ -85,6 +86,8 @@ def supported(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
         return "shapes"
     if Hq % Hkv or (Hq != Hkv and not enable_gqa):
         return "heads"
+    if max(D, v.shape[-1]) > MAX_HEAD_DIM:
+        return "head dim"
     if attn_mask is not None:
         if attn_mask.dtype != torch.bool and attn_mask.dtype not in FLOAT_DTYPES:
             return "mask dtype"
