@@ -15,7 +15,8 @@ SENTENCES = ["The cat sits on the mat.", "A kitten is resting on a rug."]
 
 
 def spyre(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_SPYRE_EAGER"}
+    env["HF_HUB_OFFLINE"] = "1"
     return subprocess.run([sys.executable, "-m", "torch_spyre.cli", *args], cwd=ROOT, env=env, input=stdin,
                           capture_output=True, text=True, timeout=600)
 
@@ -49,7 +50,7 @@ def test_run_eager_fp32_reads_sentences_from_stdin():
     needs_models()
     out = spyre("run", "--eager", "--dtype", "fp32", "--file", "-", "--seq-len", "16", stdin="\n".join(SENTENCES))
     assert out.returncode == 0, out.stderr
-    assert "(eager, fp32, batch 2, seq 16)" in out.stdout
+    assert "(eager, ops: compile, fp32, batch 2, seq 16)" in out.stdout
     assert "Totals (eager mode)" in out.stdout
     assert SENTENCES[1] in out.stdout
 

@@ -16,6 +16,7 @@ warm-up outside the measured forward.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -217,8 +218,12 @@ def _call(forward: Callable, batch: dict[str, torch.Tensor], mode: str) -> torch
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else repr(e)
+    """The error's first line, and the op Inductor was lowering when it failed (its ``target:`` line)."""
+    lines = [line.strip() for line in str(e).strip().splitlines()]
+    if not lines:
+        return repr(e)
+    target = next((line for line in lines[1:] if line.startswith("target:")), None)
+    return f"{lines[0]} ({target})" if target else lines[0]
 
 
 def _reset_counters() -> None:
@@ -266,7 +271,6 @@ def measure_forward(forward: Callable, device_batches: list[tuple[dict[str, torc
 def write_profile(records: list[Any], directory: Path, title: str) -> tuple[Path, Path]:
     """The Chrome trace and the timeline PNG of ``records`` in ``directory``."""
     from ..runtime.profiler import chrome_trace, render_timeline
-    import json
 
     directory.mkdir(parents=True, exist_ok=True)
     trace, timeline = directory / TRACE_FILE, directory / TIMELINE_FILE
@@ -287,11 +291,48 @@ def _step(status: Any, text: str) -> Iterator[None]:
 _HOST_OP_WARNING = r".*runs on the host.*"
 
 
+# How eager ops run (the device's TORCH_SPYRE_EAGER): "compile" runs each op as a single-op Spyre program,
+# "host" computes it on the host over device memory. The job's eager mode uses single-op programs unless
+# the variable is set: on the host path fp16 MiniLM embeds padded sentences to NaN (the padding mask's
+# finfo(float16).min reads back from DLFloat16 as -inf, and the -inf that `where` stores reads back as NaN).
+EAGER_OPS_VARIABLE = "TORCH_SPYRE_EAGER"
+JOB_EAGER_OPS = "compile"
+
+
+def eager_ops() -> str:
+    """How this job's eager ops run: $TORCH_SPYRE_EAGER when set, else single-op programs."""
+    return os.environ.get(EAGER_OPS_VARIABLE, "").strip().lower() or JOB_EAGER_OPS
+
+
+@contextmanager
+def _eager_ops_setting() -> Iterator[None]:
+    """$TORCH_SPYRE_EAGER set to :func:`eager_ops` while the job runs, restored afterwards."""
+    previous = os.environ.get(EAGER_OPS_VARIABLE)
+    os.environ[EAGER_OPS_VARIABLE] = eager_ops()
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[EAGER_OPS_VARIABLE]
+        else:
+            os.environ[EAGER_OPS_VARIABLE] = previous
+
+
 def embed(options: EmbedOptions, status: Any = None) -> EmbedResult:
     """Run the job; ``status`` (a rich Status) shows progress."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _eager_ops_setting():
         warnings.filterwarnings("ignore", message=_HOST_OP_WARNING, category=UserWarning)
-        return _embed(options, status)
+        result = _embed(options, status)
+    _check_finite(result)
+    return result
+
+
+def _check_finite(result: EmbedResult) -> None:
+    bad = [i for i, row in enumerate(result.embeddings) if not torch.isfinite(row).all()]
+    if bad:
+        raise JobError(f"the embeddings of sentence(s) {bad} are not finite ({_mode_label(result.options)}, eager ops: "
+                       f"{eager_ops()}); fp16 masks stored as DLFloat16 lose -inf/finfo.min (see "
+                       f"torch_spyre/jobs/embed.py); try --dtype fp32")
 
 
 def _embed(options: EmbedOptions, status: Any) -> EmbedResult:
@@ -365,7 +406,8 @@ def print_result(result: EmbedResult, console: Any, row_limit: int | None = None
 
 
 def _mode_label(options: EmbedOptions) -> str:
-    return f"{options.mode}, {options.dtype}, batch {options.effective_batch_size}, seq {options.seq_len}"
+    mode = options.mode if options.mode == "compiled" else f"eager, ops: {eager_ops()}"
+    return f"{mode}, {options.dtype}, batch {options.effective_batch_size}, seq {options.seq_len}"
 
 
 def similarity_table(result: EmbedResult) -> Any:
