@@ -158,6 +158,18 @@ def test_out_of_another_shape_is_resized_as_on_the_cpu():
     assert_programs_only(torch_spyre.fallback_stats())
 
 
+def test_python_numbers_and_cpu_scalars_are_constants_of_the_program():
+    i = torch.tensor([5, 7, -3], dtype=torch.int32)
+    r = s(i) % 4  # remainder.Tensor with a wrapped number 4
+    assert r.dtype == torch.int32 and torch.equal(r.cpu(), i % 4)
+    x = _x(4, 64)
+    torch.testing.assert_close((s(x) * torch.tensor(2.5)).cpu(), x * 2.5)
+    n = eager.cache_stats()["compiles"]
+    torch.testing.assert_close((s(x) * torch.tensor(3.0)).cpu(), x * 3.0)  # another value: another program
+    assert eager.cache_stats()["compiles"] == n + 1
+    assert_programs_only(torch_spyre.fallback_stats())
+
+
 def test_an_op_without_a_lowering_warns_once_and_counts_as_host():
     a = _x(8, 64)
     with pytest.warns(UserWarning, match=r"aten::cumsum.out runs on the host \(CPU\), not as a Spyre program"):
@@ -244,5 +256,11 @@ def test_supported_ops_doc_matches_the_code_on_a_sample():
 
 
 @pytest.mark.slow
-def test_supported_ops_doc_is_the_sweep():
-    assert DOC.read_text() == eager_sweep.render(eager_sweep.sweep())
+def test_supported_ops_doc_cases_are_the_sweep():
+    assert DOC.read_text().startswith(eager_sweep.render(eager_sweep.sweep()) + "\n## OpInfo sweep")
+
+
+@pytest.mark.slow
+def test_supported_ops_doc_opinfo_section_is_the_sweep():  # about a minute and a half
+    text = DOC.read_text()
+    assert text[text.index("## OpInfo sweep"):] == eager_sweep.render_opinfo(eager_sweep.opinfo_sweep())

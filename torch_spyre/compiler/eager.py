@@ -2,7 +2,7 @@
 
 The device's catch-all fallback (``device/fallback.py``) hands every op that has no spyre kernel to
 :func:`run`. For an op that can become a program, the first call with a given *signature* — the op
-overload, each tensor argument's shape, strides, dtype and stick layout, which arguments share a
+overload, each tensor argument's shape, strides, storage offset, dtype and stick layout, which arguments share a
 storage, the non-tensor arguments, the card and its configuration — traces the one op into an FX graph
 (``make_fx`` on fake tensors) and compiles it with Inductor's ``compile_fx`` for spyre (static shapes,
 one graph); the result is kept in a bounded LRU cache (:func:`cache_stats`). Later calls with the same
@@ -164,12 +164,9 @@ def _flat_tensors(values) -> list[torch.Tensor]:
 def call_host_reason(info: Any, bound: list[Any]) -> str:
     """Why this call runs on the host ("" if it may become a program). ``out=`` arguments may still be
     empty here (the op resizes them)."""
-    tensors = _flat_tensors(bound)
     inputs = _flat_tensors([v for v, out in zip(bound, info.is_out) if not out])
     if not any(t.device.type == "spyre" for t in inputs):
         return "no spyre tensor input (a factory: its values do not depend on device data)"
-    if any(t.device.type != "spyre" for t in tensors):
-        return "a CPU scalar tensor argument"
     if any(t.numel() == 0 for t in inputs):
         return "a tensor of no elements"
     if any(info.is_write) and _written_overlaps(info, bound):
@@ -209,10 +206,14 @@ def _tensor_signature(t: torch.Tensor, storages: dict[int, int]) -> tuple:
     alloc = allocation_of(t)
     layout = alloc.meta["layout"] if alloc is not None else None
     group = storages.setdefault(_storage_key(t), len(storages))
-    return ("T", tuple(t.shape), t.stride(), t.dtype, layout, group)
+    # The storage offset too: programs are generated per placement, and a view that starts inside a
+    # stick can be refused where one on a stick boundary was not.
+    return ("T", tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, layout, group)
 
 
 def _value_signature(v: Any, storages: dict[int, int]) -> Any:
+    if isinstance(v, torch.Tensor) and v.device.type != "spyre":  # a 0-d CPU scalar: a constant
+        return ("C", v.dtype, _value_signature(v.item(), storages))
     if isinstance(v, torch.Tensor):
         return _tensor_signature(v, storages)
     if isinstance(v, (list, tuple)):
@@ -235,7 +236,10 @@ def signature(op: torch._ops.OpOverload, args: tuple, kwargs: dict, card: int) -
 # Building and compiling the one-op graph
 # ---------------------------------------------------------------------------------------------
 def _template(value: Any, tensors: list[torch.Tensor]) -> Any:
-    """The argument with each tensor replaced by its index in ``tensors`` (appended)."""
+    """The argument with each spyre tensor replaced by its index in ``tensors`` (appended) and each
+    CPU scalar tensor by a constant of the graph (its value is part of the signature)."""
+    if isinstance(value, torch.Tensor) and value.device.type != "spyre":
+        return _Const(value.item(), value.dtype)
     if isinstance(value, torch.Tensor):
         tensors.append(value)
         return _Slot(len(tensors) - 1)
@@ -249,9 +253,17 @@ class _Slot:
     index: int
 
 
+@dataclass(frozen=True)
+class _Const:
+    value: Any
+    dtype: torch.dtype
+
+
 def _fill(value: Any, tensors: tuple) -> Any:
     if isinstance(value, _Slot):
         return tensors[value.index]
+    if isinstance(value, _Const):  # a constant of the graph on the card (Inductor folds it into the kernel)
+        return torch.full((), value.value, dtype=value.dtype, device=tensors[0].device)
     if isinstance(value, (list, tuple)):
         return type(value)(_fill(v, tensors) for v in value)
     return value
@@ -409,9 +421,12 @@ def run(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: dict, card: i
     result (through nested host fallbacks, counted as such): it returns ``(result, reason)``, and later
     calls of that signature raise HostOp without compiling again.
     """
-    from ..device.fallback import _bound_args
+    from ..device.fallback import _bound_args, _rewrap_numbers
 
     reason = static_host_reason(op, info)
+    # Python numbers in Tensor arguments (C++'s wrapped numbers, unwrapped by the boxed call): 0-d CPU
+    # tensors, which the graph takes as constants.
+    args, kwargs = _rewrap_numbers(info, args, kwargs)
     bound = _bound_args(info, args, kwargs)
     reason = reason or call_host_reason(info, bound)
     if reason:
@@ -435,8 +450,26 @@ def run(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: dict, card: i
             if outs is None:
                 raise HostOp(entry.reason, first=True)
         else:
-            outs = _call(entry.compiled, _flat_tensors((args, tuple(kwargs.values()))))
+            outs = _call_cached(entry, key, _spyre_tensors(args, kwargs))
     return _results(info, bound, outs), entry.reason
+
+
+def _spyre_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The program's inputs, in the order :func:`one_op_function` takes them."""
+    return [t for t in _flat_tensors((args, tuple(kwargs.values()))) if t.device.type == "spyre"]
+
+
+def _call_cached(entry: Entry, key: tuple, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Launch a cached program. Each kernel's program is generated and checked before it launches, and
+    a one-op graph writes the op's arguments only in its last kernel, so a refusal here (a placement
+    the signature did not foresee) has not changed them: the signature then goes to the host."""
+    try:
+        return _call(entry.compiled, tensors)
+    except Exception as e:  # noqa: BLE001
+        reason = f"{type(e).__name__}: {_first_line(e)}"
+        with _lock:
+            _cache.put(key, Entry(None, reason))
+        raise HostOp(reason) from None
 
 
 def _results(info: Any, bound: list[Any], fresh: list[torch.Tensor]) -> Any:

@@ -1,6 +1,7 @@
 """The sweep behind docs/supported-ops.md: common eager ops on spyre, which ATen ops ran as programs.
 
-``python -m torch_spyre.compiler.eager_sweep > docs/supported-ops.md`` regenerates the document;
+``python -m torch_spyre.compiler.eager_sweep > docs/supported-ops.md`` regenerates the document
+(about two minutes; ``--cases`` prints only the common-op cases);
 ``tests/compiler/test_eager.py`` checks the document against the code (a sample always, the whole
 sweep in the slow tier). Each case runs once in compile mode on fresh caches; the ATen ops it reached
 are read from ``fallback_stats()`` (``.compiled`` and ``.host``) and the host reasons from
@@ -179,8 +180,106 @@ def parse(text: str) -> dict[str, dict[str, list[str]]]:
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# OpInfo sweep: the first float32 sample of every op in PyTorch's OpInfo database
+# ---------------------------------------------------------------------------------------------
+def _to(x, device):
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, x)
+
+
+def _close(dev, ref) -> bool:
+    from torch.utils._pytree import tree_flatten
+
+    d, r = tree_flatten(dev)[0], tree_flatten(ref)[0]
+    for a, b in zip(d, r):
+        if isinstance(b, torch.Tensor) and b.is_floating_point():
+            a = a.cpu() if isinstance(a, torch.Tensor) else a
+            if not torch.allclose(a.float(), b.float(), atol=3e-2, rtol=2e-2, equal_nan=True):
+                return False
+    return True
+
+
+UNINITIALIZED = {"empty", "empty_like", "empty_permuted", "empty_strided", "new_empty", "new_empty_strided"}
+
+
+def opinfo_case(opinfo) -> dict[str, object]:
+    """One OpInfo's first float32 sample in compile mode: the ATen ops it reached and whether the
+    result matches the CPU at DLFloat16 tolerances (``error`` when spyre raised)."""
+    import torch_spyre
+    from torch_spyre.compiler import eager
+
+    torch.manual_seed(0)  # OpInfo samples draw from the global generator
+    sample = next(iter(opinfo.sample_inputs("cpu", torch.float32)))
+    args = (sample.input, *sample.args)
+    ref = opinfo(*args, **sample.kwargs)
+    eager.reset_warnings()
+    torch_spyre.reset_fallback_stats()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = opinfo(*_to(args, "spyre"), **_to(sample.kwargs, "spyre"))
+        close = None if opinfo.name in UNINITIALIZED else _close(out, ref)
+    except Exception as e:  # noqa: BLE001 - recorded
+        return {"program": {}, "host": {}, "error": type(e).__name__}
+    stats, reasons = torch_spyre.fallback_stats(), eager.host_reasons()
+    return {"program": dict(stats.compiled), "host": {op: reasons.get(op, "") for op in stats.host},
+            "close": close}
+
+
+def opinfo_sweep(log=None) -> dict[str, dict[str, object]]:
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    os.environ["TORCH_SPYRE_EAGER"] = "compile"
+    out = {}
+    for opinfo in op_db:
+        name = f"{opinfo.name}.{opinfo.variant_test_name}" if opinfo.variant_test_name else opinfo.name
+        if torch.float32 not in opinfo.dtypes or name in out:
+            continue
+        try:
+            out[name] = opinfo_case(opinfo)
+        except Exception as e:  # noqa: BLE001 - no sample / CPU refuses: not a spyre question
+            continue
+        if log:
+            log(name, out[name])
+    return out
+
+
+def render_opinfo(results: dict[str, dict[str, object]]) -> str:
+    program, host = {}, {}
+    for name, r in results.items():
+        for op in r["program"]:
+            program.setdefault(op, []).append(name)
+        for op, why in r["host"].items():
+            host.setdefault(op, (why, []))[1].append(name)
+    mismatched = sorted(n for n, r in results.items() if r.get("close") is False)
+    errors = sorted(n for n, r in results.items() if "error" in r)
+    lines = ["## OpInfo sweep", "",
+             f"The first float32 sample of each of {len(results)} OpInfo entries, in compile mode. "
+             f"{len(program)} ATen ops ran as programs, {len(set(host) - set(program))} only on the host.",
+             "", "| ATen op | ran as a program | on the host (why, first reason seen) |", "|---|---|---|"]
+    for op in sorted(set(program) | set(host)):
+        why = host[op][0] if op in host else ""
+        lines.append(f"| `{op}` | {'yes' if op in program else 'no'} | {why.replace('|', '/') if op in host else '-'} |")
+    lines += ["", "Results outside DLFloat16 tolerances (atol 3e-2, rtol 2e-2) against the CPU (`empty*`, "
+              "uninitialized, are not compared; fp32 matmuls have their operands rounded to DLFloat16 for the "
+              "PE arrays): "
+              f"{', '.join(f'`{n}`' for n in mismatched) or 'none'}.", "",
+              "Samples that raised on spyre (dtypes the card cannot hold, sparse layouts, CPU index arguments: "
+              f"they raise in host mode too): {', '.join(f'`{n}`' for n in errors) or 'none'}.", ""]
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
+    import sys
+
     import torch_spyre  # noqa: F401
 
     torch._inductor.config.fx_graph_cache = False
-    print(render(sweep()), end="")
+    cases = render(sweep())
+    if "--cases" in sys.argv:
+        print(cases, end="")
+    else:
+        log = (lambda n, r: print(n, r, file=sys.stderr, flush=True)) if "-v" in sys.argv else None
+        print(cases + "\n" + render_opinfo(opinfo_sweep(log=log)), end="")
