@@ -131,3 +131,13 @@ def test_a_lowering_failure_names_the_op():
 def test_options_are_checked(kwargs, message):
     with pytest.raises(ValueError, match=message):
         job.EmbedOptions(**kwargs)
+
+
+def test_eager_ops_default_to_single_op_programs_and_respect_the_variable(monkeypatch):
+    monkeypatch.delenv("TORCH_SPYRE_EAGER", raising=False)
+    assert job.eager_ops() == "compile"
+    with job._eager_ops_setting():
+        assert job.os.environ["TORCH_SPYRE_EAGER"] == "compile"
+    assert "TORCH_SPYRE_EAGER" not in job.os.environ  # restored
+    monkeypatch.setenv("TORCH_SPYRE_EAGER", "host")
+    assert job.eager_ops() == "host"
