@@ -83,7 +83,6 @@ def test_common_ops_run_as_programs_and_match_cpu(name):
     _check_case(name)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in CASES if n not in FAST])
 def test_more_common_ops_run_as_programs_and_match_cpu(name):
     _check_case(name)
@@ -226,7 +225,6 @@ def test_programs_take_simulated_time_on_the_card():
     assert start.elapsed_time(end) > 0
 
 
-@pytest.mark.slow
 def test_autograd_backward_ops_run_as_programs_too():
     x, w = _x(16, 64, dtype=H), _x(32, 64, dtype=H, seed=1)
     xd, wd = s(x).requires_grad_(), s(w).requires_grad_()
