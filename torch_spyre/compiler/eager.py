@@ -1,24 +1,27 @@
 """Eager mode through the compiler: each ATen op on spyre tensors runs as a cached single-op program.
 
 The device's catch-all fallback (``device/fallback.py``) hands every op that has no spyre kernel to
-:func:`run`. For an op that can become a program, the first call with a given *signature* — the op
-overload, each tensor argument's shape, strides, storage offset, dtype and stick layout, which arguments share a
-storage, the non-tensor arguments, the card and its configuration — traces the one op into an FX graph
-(``make_fx`` on fake tensors) and compiles it with Inductor's ``compile_fx`` for spyre (static shapes,
-one graph); the result is kept in a bounded LRU cache (:func:`cache_stats`). Later calls with the same
-signature only launch the cached programs (the compiled wrapper calls ``SpyreKernel.run``).
+:func:`run`. For an op that can become a program, the first call with a given *signature* (the op
+overload; each tensor argument's shape, strides, storage offset, dtype and stick layout; which
+arguments share a storage; the non-tensor arguments; the card and its configuration) traces the one op
+into an FX graph (``make_fx`` on fake tensors) and compiles it with Inductor's ``compile_fx`` for spyre
+(static shapes, one graph). The result is kept in a bounded LRU cache (:func:`cache_stats`); later
+calls with the same signature only launch the cached programs (the wrapper calls ``SpyreKernel.run``).
 
-Results go where the host fallback puts them: fresh results are new device tensors, in-place and
-``out=`` arguments are written in place (Inductor keeps a graph input's mutation inside the graph),
-and returns that alias an argument are that argument (``x.add_(1) is x``).
+Python numbers in Tensor arguments and 0-d CPU tensors are constants of the graph (their values are in
+the signature). Results go where the host fallback puts them: fresh results are new device tensors,
+in-place and ``out=`` arguments are written in place (Inductor keeps a graph input's mutation inside
+the graph; an ``out=`` of another shape is resized first, as on the CPU), and returns that alias an
+argument are that argument (``x.add_(1) is x``).
 
-An op stays on the host (:func:`host_reason` says why) when it is, by design, not a computation a
-program should do — random ops, ops without a spyre tensor argument (factories), ops returning
-non-tensors (``_local_scalar_dense``, ``equal``), tensors of no elements, CPU scalar tensors, written
-arguments that share storage with another argument, an ``out=`` the op must resize — or when the
-compiler cannot lower it (the error is kept as the reason), or when its compiled graph still computed
-something on the host. The fallback then computes it on the host, warns once per op and counts it.
-``TORCH_SPYRE_EAGER=host`` sends every op to the host (no warnings).
+An op stays on the host (:func:`static_host_reason`, :func:`call_host_reason` say why) when it is, by
+design, not a computation a program should do: random ops, factories (no spyre tensor input), ops
+returning non-tensors (``_local_scalar_dense``, ``equal``), inputs of no elements, a written argument
+that overlaps another argument other than as the same view. It also stays there when the compiler
+cannot lower it (the error is kept as the reason) or its compiled graph still computes something on
+the host. The fallback then computes it on the host, warns once per op and counts it.
+``TORCH_SPYRE_EAGER=host`` (the default for now, see docs/compiler.md "Eager mode") sends every op to
+the host without warnings.
 """
 
 from __future__ import annotations
