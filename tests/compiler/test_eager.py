@@ -192,7 +192,8 @@ def test_ops_kept_on_the_host_by_design():
     assert stats.host == {"_local_scalar_dense": 1, "uniform_": 1}
     assert stats.compiled == {"sum.IntList_out": 1}
     reasons = eager.host_reasons()
-    assert reasons["uniform_"].startswith("random op") and reasons["_local_scalar_dense"] == "reads one value to the host"
+    assert reasons["uniform_"].startswith("random op")
+    assert reasons["_local_scalar_dense"] == "reads one value to the host"
 
 
 def test_host_mode_sends_everything_to_the_host_without_warnings(monkeypatch):
@@ -223,6 +224,22 @@ def test_programs_take_simulated_time_on_the_card():
     end.record(stream)
     end.synchronize()
     assert start.elapsed_time(end) > 0
+
+
+def test_programs_run_on_the_current_stream_as_kernels():
+    from torch_spyre.runtime import stream as rt
+
+    x = s(_x(8, 64))
+    x * 2  # compile
+    got = []
+    rt.add_listener(got.append)
+    try:
+        s2 = torch.spyre.Stream()
+        with torch.spyre.stream(s2):
+            x * 2
+    finally:
+        rt.remove_listener(got.append)
+    assert [(r.kind, r.stream_id) for r in got] == [("kernel", s2.stream_id)]
 
 
 def test_autograd_backward_ops_run_as_programs_too():

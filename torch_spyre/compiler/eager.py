@@ -365,10 +365,9 @@ def compile_one_op(fn: Callable[..., tuple], tensors: list[torch.Tensor]) -> Cal
 class HostOp(Exception):
     """Raised by :func:`run` when the op must run on the host; ``reason`` says why."""
 
-    def __init__(self, reason: str, first: bool = False):
+    def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
-        self.first = first  # the reason was found by this call (a compile attempt)
 
 
 class _Nested:
@@ -451,7 +450,7 @@ def run(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: dict, card: i
                 _cache.compiles += entry.compiled is not None
                 _cache.failures += entry.compiled is None
             if outs is None:
-                raise HostOp(entry.reason, first=True)
+                raise HostOp(entry.reason)
         else:
             outs = _call_cached(entry, key, _spyre_tensors(args, kwargs))
     return _results(info, bound, outs), entry.reason

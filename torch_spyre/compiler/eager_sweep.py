@@ -239,7 +239,7 @@ def opinfo_sweep(log=None) -> dict[str, dict[str, object]]:
             continue
         try:
             out[name] = opinfo_case(opinfo)
-        except Exception as e:  # noqa: BLE001 - no sample / CPU refuses: not a spyre question
+        except Exception:  # noqa: BLE001 - no sample / the CPU refuses: not a spyre question
             continue
         if log:
             log(name, out[name])
@@ -261,7 +261,8 @@ def render_opinfo(results: dict[str, dict[str, object]]) -> str:
              "", "| ATen op | ran as a program | on the host (why, first reason seen) |", "|---|---|---|"]
     for op in sorted(set(program) | set(host)):
         why = host[op][0] if op in host else ""
-        lines.append(f"| `{op}` | {'yes' if op in program else 'no'} | {why.replace('|', '/') if op in host else '-'} |")
+        why = why.replace("|", "/") if op in host else "-"
+        lines.append(f"| `{op}` | {'yes' if op in program else 'no'} | {why} |")
     lines += ["", "Results outside DLFloat16 tolerances (atol 3e-2, rtol 2e-2) against the CPU (`empty*`, "
               "uninitialized, are not compared; fp32 matmuls have their operands rounded to DLFloat16 for the "
               "PE arrays): "

@@ -16,10 +16,10 @@ Every ATen op without a spyre kernel reaches :func:`run` (a catch-all PrivateUse
    ``torch.utils.flop_counter`` for matmul/convolution/attention ops and are the output element count
    otherwise.
 
-With ``TORCH_SPYRE_EAGER=compile`` (the default is ``host``: docs/compiler.md, "Eager mode") step 3 is first offered to the compiler
-(``compiler/eager.py``): an op it can lower runs as a cached single-op program, timed by the card, and
-is counted in ``fallback_stats().compiled``; the rest run as above, warn once per op and are counted in
-``fallback_stats().host`` (and as the dict's items).
+With ``TORCH_SPYRE_EAGER=compile`` (the default is ``host``: docs/compiler.md, "Eager mode") step 3 is
+first offered to the compiler (``compiler/eager.py``): an op it can lower runs as a cached single-op
+program, timed by the card, and is counted in ``fallback_stats().compiled``; the rest run as above,
+warn once per op and are counted in ``fallback_stats().host`` (and as the dict's items).
 """
 
 from __future__ import annotations
