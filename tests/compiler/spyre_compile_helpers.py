@@ -54,3 +54,22 @@ def check(fn, *args, tol=None, ref_dtype=torch.float32):
     assert wrapper.host_fallback_stats() == {}, wrapper.host_fallback_stats()
     assert dict(torch_spyre.fallback_stats()) == {}, dict(torch_spyre.fallback_stats())
     return got
+
+
+MINILM_SENTENCES = ["The cat sits on the mat.", "A dog plays in the garden.", "Spyre is an AI accelerator."]
+
+
+def minilm_cosines(dtype: torch.dtype, seq_len: int = 32) -> torch.Tensor:
+    """Per-sentence cosine between the real all-MiniLM-L6-v2's sentence embeddings compiled on spyre in
+    ``dtype`` and on the CPU in fp32 (loaded, tokenized and pooled exactly as ``spyre run`` does)."""
+    from torch_spyre.jobs import embed
+
+    tokenizer, cpu_model = embed.load_minilm(torch.float32)
+    enc = embed.tokenize(tokenizer, MINILM_SENTENCES, seq_len)
+    with torch.no_grad():
+        ref = embed.sentence_embedder(cpu_model)(enc)
+        dev = embed.load_minilm(dtype)[1].to("spyre")
+        fresh()
+        got = torch.compile(embed.sentence_embedder(dev))({k: v.to("spyre") for k, v in enc.items()})
+    return (got.cpu().float() * ref).sum(-1)
+

