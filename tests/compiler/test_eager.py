@@ -306,7 +306,17 @@ def test_supported_ops_doc_cases_are_the_sweep():
     assert DOC.read_text().startswith(eager_sweep.render(eager_sweep.sweep()) + "\n## OpInfo sweep")
 
 
+def _without_host_reasons(section: str) -> list[str]:
+    """The section with each table row's last column (why an op ran on the host) dropped: that text is
+    Inductor's own error wording, which depends on what ran earlier in the process (e.g. its
+    make_fallback assertion fires only the first time). Which ops run as programs, the counts, the
+    mismatches and the raising samples are all still compared."""
+    return [line.rsplit("|", 2)[0] if line.startswith("| `") else line for line in section.splitlines()]
+
+
 @pytest.mark.slow
 def test_supported_ops_doc_opinfo_section_is_the_sweep():  # about a minute and a half
     text = DOC.read_text()
-    assert text[text.index("## OpInfo sweep"):] == eager_sweep.render_opinfo(eager_sweep.opinfo_sweep())
+    documented = text[text.index("## OpInfo sweep"):]
+    swept = eager_sweep.render_opinfo(eager_sweep.opinfo_sweep())
+    assert _without_host_reasons(documented) == _without_host_reasons(swept)
