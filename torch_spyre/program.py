@@ -339,6 +339,19 @@ class Wait(Instruction):
     tag: int
 
 
+def dram_spans(instructions: "list[Instruction]") -> dict[str, tuple[int, int]]:
+    """Per operand, the [lo, hi) byte range of device memory that strided DMA loads and stores reach:
+    what one core addresses in a kernel (bounded by config.core_address_span_bytes)."""
+    spans: dict[str, list[int]] = {}
+    for i in instructions:
+        if isinstance(i, (DmaLoad, DmaStore)):
+            addr = i.src if isinstance(i, DmaLoad) else i.dst
+            lo, hi = i.pattern.span(i.pattern.dram_strides)
+            cur = spans.setdefault(addr.operand, [addr.offset + lo, addr.offset + hi])
+            cur[0], cur[1] = min(cur[0], addr.offset + lo), max(cur[1], addr.offset + hi)
+    return {name: (lo, hi) for name, (lo, hi) in spans.items()}
+
+
 INSTRUCTION_TYPES: dict[str, type[Instruction]] = {
     cls.OP: cls for cls in (DmaLoad, DmaStore, DmaGather, MatMul, Elementwise, Reduce, RingSend, RingRecv, Barrier, Signal, Wait)
 }

@@ -39,6 +39,7 @@ import numpy as np
 from ..card.config import CardConfig
 from ..card.layout import StickLayout
 from ..program import (
+    dram_spans,
     STICK_BYTES,
     TRANSCENDENTAL_OPS,
     UNARY_OPS,
@@ -1278,14 +1279,7 @@ def _operands(p: _Problem) -> list[Operand]:
 
 def _check_spans(p: _Problem, cores: dict[int, list[Instruction]], cfg: CardConfig) -> None:
     for core, ins in cores.items():
-        touched: dict[str, list[int]] = {}
-        for i in ins:
-            if isinstance(i, (DmaLoad, DmaStore)):
-                addr = i.src if isinstance(i, DmaLoad) else i.dst
-                lo, hi = i.pattern.span(i.pattern.dram_strides)
-                span = touched.setdefault(addr.operand, [addr.offset + lo, addr.offset + hi])
-                span[0], span[1] = min(span[0], addr.offset + lo), max(span[1], addr.offset + hi)
-        total = sum(hi - lo for lo, hi in touched.values())
+        total = sum(hi - lo for lo, hi in dram_spans(ins).values())
         if total > cfg.core_address_span_bytes:
             raise MatmulSpecError(f"{p.describe()}: core {core} would address {total} bytes of device memory, more "
                                   f"than config.core_address_span_bytes = {cfg.core_address_span_bytes}")

@@ -32,6 +32,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..program import (
+    dram_spans,
     STICK_BYTES,
     Addr,
     DmaLoad,
@@ -1350,13 +1351,7 @@ class PointwiseGenerator(KernelGen):
     def _check_span(self, program: Program) -> None:
         limit = self.config.core_address_span_bytes
         for core, ins in program.cores.items():
-            spans: dict[str, list[int]] = {}
-            for i in ins:
-                if isinstance(i, (DmaLoad, DmaStore)):
-                    addr = i.src if isinstance(i, DmaLoad) else i.dst
-                    lo, hi = i.pattern.span(i.pattern.dram_strides)
-                    cur = spans.setdefault(addr.operand, [addr.offset + lo, addr.offset + hi])
-                    cur[0], cur[1] = min(cur[0], addr.offset + lo), max(cur[1], addr.offset + hi)
+            spans = dram_spans(ins)
             total = sum(hi - lo for lo, hi in spans.values())
             if total > limit:
                 raise AddressSpanError(
