@@ -105,8 +105,20 @@ def test_fx_graph_cache_key_carries_the_compiler_fingerprint():
     from torch._inductor.codegen.common import get_custom_backend_pass_for_device
 
     p = get_custom_backend_pass_for_device("spyre")
-    assert p is not None and p.uuid() == backend.compiler_fingerprint() and len(p.uuid()) == 64
+    assert p is not None and p.uuid() == backend.compiler_fingerprint()
+    sources, card = p.uuid().split("-card-")
+    assert len(sources) == 64 and len(card) == 16
     assert p(None) is None  # not a transformation
+
+
+def test_the_cache_key_changes_with_the_card_configuration(monkeypatch):
+    from torch_spyre.device import cards
+
+    before = backend.compiler_fingerprint()
+    monkeypatch.setattr(cards, "_config", cards.config().model_copy(update={"num_cores": 16}))
+    assert backend.compiler_fingerprint() != before
+    monkeypatch.undo()
+    assert backend.compiler_fingerprint() == before
 
 
 def test_lazy_registration_through_the_device_module(run_python=None):
@@ -145,10 +157,12 @@ def test_fx_graph_cache_hit_in_a_second_process(tmp_path):
         print("hits", counters["inductor"]["fxgraph_cache_hit"])
     ''')
     env = {**__import__("os").environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
-    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
-            for _ in range(2)]
+    # the same card twice, then a card of 16 cores: a wrapper compiled for one card is not another's
+    envs = [env, env, {**env, "TORCH_SPYRE_NUM_CORES": "16"}]
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=e)
+            for e in envs]
     outs = [r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-1500:] for r in runs]
-    assert outs == ["hits 0", "hits 1"], outs
+    assert outs == ["hits 0", "hits 1", "hits 0"], outs
 
 
 def test_dynamo_never_traces_the_device_kernels():

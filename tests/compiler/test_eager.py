@@ -320,3 +320,50 @@ def test_supported_ops_doc_opinfo_section_is_the_sweep():  # about a minute and 
     documented = text[text.index("## OpInfo sweep"):]
     swept = eager_sweep.render_opinfo(eager_sweep.opinfo_sweep())
     assert _without_host_reasons(documented) == _without_host_reasons(swept)
+
+
+def test_compile_is_the_default_mode(monkeypatch):
+    monkeypatch.delenv("TORCH_SPYRE_EAGER", raising=False)
+    assert eager.mode() == "compile"
+    x = _x(4, 64)
+    torch.testing.assert_close((s(x) * 2 + 1).cpu(), x * 2 + 1)
+    assert_programs_only(torch_spyre.fallback_stats())
+
+
+@pytest.mark.parametrize("mode", ["compile", "host"])
+def test_mixed_dtype_matmul_is_refused_as_on_the_cpu(mode, monkeypatch):
+    monkeypatch.setenv("TORCH_SPYRE_EAGER", mode)
+    a, b = _x(3, 64, dtype=torch.float16), _x(64, 8)
+    with pytest.raises(RuntimeError, match="expected m1 and m2 to have the same dtype"):
+        a @ b
+    with pytest.raises(RuntimeError, match=r"aten::mm.* expects operands of one dtype, got self: float16, "
+                                            r"mat2: float32; convert one"):
+        s(a) @ s(b)
+    assert torch_spyre.fallback_stats().compiled == {}  # refused before anything ran
+
+
+@pytest.mark.parametrize("mode", ["compile", "host"])
+def test_eager_sdpa_with_a_bool_mask_runs_as_flash_attention(mode, monkeypatch):
+    """Eager SDPA reaches the device's AutogradPrivateUse1 kernel: one spyre::flash_attention, so a bool
+    mask never becomes fp16 -inf scores (the NaN/Inf code in DLFloat16)."""
+    monkeypatch.setenv("TORCH_SPYRE_EAGER", mode)
+    q, k, v = (_x(2, 4, 16, 32, dtype=torch.float16, seed=i) for i in range(3))
+    mask = torch.rand(2, 1, 16, 16, generator=torch.Generator().manual_seed(3)) > 0.3
+    mask[..., 0] = True  # every query sees a key
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    out = F.scaled_dot_product_attention(s(q), s(k), s(v), attn_mask=s(mask))
+    assert not out.cpu().isnan().any()
+    torch.testing.assert_close(out.cpu().float(), ref, **TOL[torch.float16])
+    stats = torch_spyre.fallback_stats()
+    ran = stats.compiled if mode == "compile" else stats.host
+    assert ran == {"spyre::flash_attention": 1}, (stats.compiled, stats.host)
+
+
+def test_eager_sdpa_needing_gradients_keeps_the_decomposition():
+    q, k, v = (_x(1, 2, 8, 16, seed=i) for i in range(3))
+    qs = s(q).requires_grad_()
+    F.scaled_dot_product_attention(qs, s(k), s(v), is_causal=True).sum().backward()
+    qc = q.clone().requires_grad_()
+    F.scaled_dot_product_attention(qc, k, v, is_causal=True).sum().backward()
+    torch.testing.assert_close(qs.grad.cpu(), qc.grad, **TOL[torch.float16])  # fp32 matmuls round to 16 bits
+    assert "spyre::flash_attention" not in torch_spyre.fallback_stats().compiled

@@ -146,3 +146,33 @@ def test_every_dlfloat16_pattern_comes_back_to_bf16_rounded_to_nearest_even():
 def test_fp32_is_stored_exactly():
     x = torch.tensor([1e-40, 3.4e38, float("inf"), -0.0])
     assert torch.equal(x.to("spyre").cpu(), x)
+
+
+def test_host_fallback_computes_16_bit_ops_in_fp32():
+    """finfo(float16).min is -65536 in DLFloat16. Read as fp16 it would be -inf, and -inf stored back is the
+    NaN/Inf code: Hugging Face's fp16 padding mask would turn every padded row into NaN. The host path reads
+    DLFloat16 as fp32, computes in fp32 and encodes the fp32 result once, as the card does."""
+    lo = torch.finfo(torch.float16).min
+    x = torch.randn(4, 80, dtype=torch.float16)
+    keep = torch.rand(4, 80) > 0.5
+    keep[:, 0] = True
+    mask = torch.where(keep.to("spyre"), torch.tensor(0.0, dtype=torch.float16).to("spyre"), lo)
+    out = (x.to("spyre") + mask).softmax(-1)
+    assert out.dtype == torch.float16
+    ref = (x.float() + torch.where(keep, 0.0, lo)).softmax(-1)
+    assert not out.cpu().isnan().any()
+    torch.testing.assert_close(out.cpu().float(), ref, atol=2e-3, rtol=1e-2)
+    assert set(torch_spyre.fallback_stats()) >= {"where.self", "add.out", "_softmax.out"}
+    # One rounding: -2.11328125 * 1.427734375 = -3.0172043 (fp32) is nearest -3.015625 in DLFloat16; through
+    # fp16 it would first become -3.017578, the midpoint of two DLFloat16 values, which rounds away to -3.0195.
+    a, b = torch.tensor([-2.11328125], dtype=torch.float16), torch.tensor([1.427734375], dtype=torch.float16)
+    assert (a.to("spyre") * b.to("spyre")).cpu().item() == -3.015625
+
+
+def test_host_fallback_keeps_the_cpu_dtype_rules():
+    a = torch.randn(3, 5, dtype=torch.float16).to("spyre")
+    assert (a + torch.randn(3, 5).to("spyre")).dtype == torch.float32  # promotion as on the CPU
+    assert a.sum(dtype=torch.float32).dtype == torch.float32
+    assert (a > 0).dtype == torch.bool and a.argmax().dtype == torch.int64
+    v, i = a.max(-1)
+    assert v.dtype == torch.float16 and i.dtype == torch.int64

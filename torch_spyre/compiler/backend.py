@@ -455,19 +455,30 @@ def _register_sdpa_lowering() -> None:
     L.lowerings[op.default] = _lower_flash_attention
 
 
+_SOURCES_HASH: str | None = None
+
+
 def compiler_fingerprint() -> str:
-    """A hash of the compiler's sources: part of Inductor's FX-graph cache key for every graph (through
-    the device's custom pass uuid), so a cached wrapper never outlives the compiler that wrote it. Programs
-    themselves are generated from the cached kernel specs at run time, per placement of the tensors, so
-    input layouts and the card configuration need not be in the key."""
+    """Part of Inductor's FX-graph cache key for every graph (through the device's custom pass uuid): a
+    hash of the compiler's sources, so a cached wrapper never outlives the compiler that wrote it, and of
+    the card configuration, so a wrapper compiled for one card (its core count, scratchpad, stick size)
+    is never served for another. Input layouts are not in the key because nothing cached depends on
+    them: programs are generated from the cached kernel specs at run time, per placement (stick layout,
+    storage offset) of the bound tensors."""
     import hashlib
     import pathlib
 
-    h = hashlib.sha256()
-    for path in sorted(pathlib.Path(__file__).parent.glob("*.py")):
-        h.update(path.name.encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
+    from ..device import cards
+
+    global _SOURCES_HASH
+    if _SOURCES_HASH is None:
+        h = hashlib.sha256()
+        for path in sorted(pathlib.Path(__file__).parent.glob("*.py")):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+        _SOURCES_HASH = h.hexdigest()
+    card = hashlib.sha256(cards.config().model_dump_json().encode()).hexdigest()
+    return f"{_SOURCES_HASH}-card-{card[:16]}"
 
 
 def _make_version_pass():
@@ -477,14 +488,11 @@ def _make_version_pass():
         """Not a transformation: Inductor stores a device's custom pass and puts its uuid in the FX
         graph cache key; this one carries :func:`compiler_fingerprint`."""
 
-        def __init__(self):
-            self._uuid = compiler_fingerprint()
-
         def __call__(self, gm) -> None:
             return None
 
-        def uuid(self) -> str:
-            return self._uuid
+        def uuid(self) -> str:  # asked per cache lookup: the card configuration may change in a process
+            return compiler_fingerprint()
 
     return SpyreCompilerVersion()
 

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 
 MODES = ("compile", "host")
-DEFAULT_MODE = "host"  # see docs/compiler.md "Eager mode": the device suite pins the host path
+DEFAULT_MODE = "compile"  # docs/compiler.md "Eager mode"; TORCH_SPYRE_EAGER=host computes every op on the host
 DEFAULT_CACHE_SIZE = 1024
 
 _local = threading.local()

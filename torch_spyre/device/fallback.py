@@ -5,7 +5,8 @@ Every ATen op without a spyre kernel reaches :func:`run` (a catch-all PrivateUse
 1. check the arguments: all device tensors on one card, CPU tensors only as 0-d scalars (as CUDA allows);
 2. view ops (a return that aliases an argument without writing it) are pure metadata: the op runs on
    meta tensors of the same geometry and the result is a view of the same device storage;
-3. other ops: inputs are read through their layouts into CPU tensors of their host dtype (``out=``
+3. other ops: inputs are read through their layouts into CPU tensors of their host dtype (fp32 for
+   DLFloat16 data: 16-bit ops compute in fp32, as the card does; see ``_wide_results``) (``out=``
    arguments are not read: they get host temporaries of no elements, which the CPU kernel resizes), the CPU kernel runs, mutated arguments (schema ``alias_info.is_write``: in-place ``self``, ``out=``) are written back
    through their views, and fresh results are stored on the card in its default layout;
 4. the op takes simulated time on the current stream's ``compute`` resource:
@@ -16,8 +17,8 @@ Every ATen op without a spyre kernel reaches :func:`run` (a catch-all PrivateUse
    ``torch.utils.flop_counter`` for matmul/convolution/attention ops and are the output element count
    otherwise.
 
-With ``TORCH_SPYRE_EAGER=compile`` (the default is ``host``: docs/compiler.md, "Eager mode") step 3 is
-first offered to the compiler (``compiler/eager.py``): an op it can lower runs as a cached single-op
+Unless ``TORCH_SPYRE_EAGER=host`` (docs/compiler.md, "Eager mode"), step 3 is first offered to the
+compiler (``compiler/eager.py``): an op it can lower runs as a cached single-op
 program, timed by the card, and is counted in ``fallback_stats().compiled``; the rest run as above,
 warn once per op and are counted in ``fallback_stats().host`` (and as the dict's items).
 """
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 
 from ..runtime import stream as rt
-from . import cards, storage, tensor
+from . import cards, dtypes, storage, tensor
 
 _counts: Counter[str] = Counter()  # ops computed on the host
 _compiled: Counter[str] = Counter()  # ops that ran as single-op programs (compiler/eager.py)
@@ -288,9 +289,27 @@ _HOST_EQUIVALENT = {
 }
 
 
+# Ops whose CPU kernels refuse operands of different dtypes while their meta kernels (and so traced
+# programs) accept them: the device checks as the CPU does, whichever way the op then runs.
+_SAME_DTYPE_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot"})
+
+
+def _check_same_dtype(info: _OpInfo, args: tuple, kwargs: dict) -> None:
+    if info.name.split(".")[0] not in _SAME_DTYPE_OPS:
+        return
+    named = [(name, v) for name, v, out in zip(info.arg_names, _bound_args(info, args, kwargs), info.is_out)
+             if isinstance(v, torch.Tensor) and not out]
+    dtypes_seen = {v.dtype for _, v in named}
+    if len(dtypes_seen) > 1:
+        listed = ", ".join(f"{name}: {str(v.dtype).replace('torch.', '')}" for name, v in named)
+        raise RuntimeError(f"aten::{info.name} expects operands of one dtype, got {listed}; convert one, "
+                           "e.g. b.to(a.dtype) (as on the CPU, which refuses mixed dtypes here too)")
+
+
 def run(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     info = _info(op)
     card = _check_devices(info, args, kwargs)
+    _check_same_dtype(info, args, kwargs)
     if info.is_view:
         return _run_view(op, info, args, kwargs)
     done, result = _try_program(op, info, args, kwargs, card)
@@ -332,10 +351,44 @@ def _try_program(op, info: _OpInfo, args: tuple, kwargs: dict, card: int) -> tup
     return True, result
 
 
+_SIXTEEN_BIT = (torch.float16, torch.bfloat16)
+
+
+def _holds_dlfloat16(x: Any) -> bool:
+    if not (_is_spyre(x) and x.dtype in _SIXTEEN_BIT):
+        return False
+    alloc = storage.allocation_of(x)
+    return alloc is not None and alloc.meta["encoding"] == dtypes.DLFLOAT16
+
+
+def _wide_results(op, info: _OpInfo, args: tuple, kwargs: dict) -> Any:
+    """The op's results on meta tensors when it should compute in fp32 on the host, else None.
+
+    The card keeps fp16/bf16 as DLFloat16 only in memory and computes in fp32; so does the host path.
+    Computing in the 16-bit dtype would also break values DLFloat16 holds beyond fp16's range:
+    ``finfo(float16).min`` is -65536 on the card, inf once read as fp16, and the NaN/Inf code once
+    stored back. The meta run gives the result dtypes. Only ops whose floating spyre arguments are all
+    DLFloat16 of one dtype compute wide: with mixed dtypes the CPU's own checks must see them (meta
+    kernels accept ``mm(fp16, fp32)``, which the CPU refuses). Random ops keep their dtype, so they
+    draw the same numbers as on the CPU."""
+    if info.generator is not None:
+        return None
+    floats = [t for v in (*args, *kwargs.values()) for t in _tensors(v) if _is_spyre(t) and t.is_floating_point()]
+    if not floats or len({t.dtype for t in floats}) != 1 or not all(_holds_dlfloat16(t) for t in floats):
+        return None
+    to_meta = lambda x: _meta_like(x) if _is_spyre(x) else x  # noqa: E731
+    try:
+        return op(*[_map(to_meta, a) for a in args], **{k: _map(to_meta, v) for k, v in kwargs.items()})
+    except Exception:  # noqa: BLE001 - no meta kernel or a dtype error: compute as the CPU would
+        return None
+
+
 def _run_on_host(op, info: _OpInfo, args: tuple, kwargs: dict, card: int, probe: bool = False) -> Any:
     if not probe:
         with _counts_lock:
             _counts[info.name] += 1
+    wide = _wide_results(op, info, args, kwargs)
+    wide_dtype = (lambda x: torch.float32 if wide is not None and _holds_dlfloat16(x) else None)  # noqa: E731
 
     # Host copies of every device tensor argument (the same host tensor for the same device tensor).
     hosts: dict[int, torch.Tensor] = {}
@@ -356,7 +409,7 @@ def _run_on_host(op, info: _OpInfo, args: tuple, kwargs: dict, card: int, probe:
             if out:
                 for t in _tensors(v):
                     if _is_spyre(t) and t.untyped_storage().data_ptr() not in inputs:
-                        hosts[id(t)] = torch.empty(0, dtype=t.dtype)
+                        hosts[id(t)] = torch.empty(0, dtype=wide_dtype(t) or t.dtype)
 
     def to_host(x):
         nonlocal nbytes
@@ -364,7 +417,7 @@ def _run_on_host(op, info: _OpInfo, args: tuple, kwargs: dict, card: int, probe:
             return x
         h = hosts.get(id(x))
         if h is None:
-            h, moved = tensor.read(x)
+            h, moved = tensor.read(x, as_dtype=wide_dtype(x))
             hosts[id(x)] = h
             nbytes += moved.device_bytes
         return h
@@ -393,18 +446,31 @@ def _run_on_host(op, info: _OpInfo, args: tuple, kwargs: dict, card: int, probe:
                     if d.numel():
                         _resize_warning(d, h)
                     d.resize_(h.shape)
-                nbytes += tensor.write(d, h).device_bytes
+                nbytes += tensor.write(d, h, computed_in_fp32=wide is not None).device_bytes
 
-    # Results: aliases of arguments are the device arguments themselves; the rest are stored on the card.
-    def upload(x):
+    # Results: aliases of arguments are the device arguments themselves; the rest are stored on the card
+    # (in the op's own result dtype when it computed in fp32: see _wide_results).
+    def upload(x, meta):
         nonlocal nbytes
-        out = tensor.empty_strided(x.shape, x.stride(), x.dtype, card)
-        nbytes += tensor.write(out, x).device_bytes
+        dtype = meta.dtype if isinstance(meta, torch.Tensor) else x.dtype
+        out = tensor.empty_strided(x.shape, x.stride(), dtype, card)
+        nbytes += tensor.write(out, x, computed_in_fp32=wide is not None).device_bytes
         return out
 
+    def upload_all(x, meta):
+        if isinstance(x, torch.Tensor):
+            return upload(x, meta)
+        if isinstance(x, (list, tuple)):
+            metas = meta if isinstance(meta, (list, tuple)) and len(meta) == len(x) else [None] * len(x)
+            return type(x)(upload_all(y, m) for y, m in zip(x, metas))
+        return x
+
     returns = host_out if isinstance(host_out, tuple) else (host_out,)
+    metas = wide if isinstance(wide, tuple) else (wide,)
+    metas = metas if len(metas) == len(returns) else (None,) * len(returns)
     aliases = info.returns + ((None, False),) * (len(returns) - len(info.returns))
-    device_returns = [bound[i] if i is not None else _map(upload, r) for r, (i, _) in zip(returns, aliases)]
+    device_returns = [bound[i] if i is not None else upload_all(r, m)
+                      for r, m, (i, _) in zip(returns, metas, aliases)]
     result = tuple(device_returns) if isinstance(host_out, tuple) else device_returns[0]
 
     if probe:

@@ -14,13 +14,18 @@ What this module does instead:
   calls go through the device's fallback (``fallback.run``); its Meta kernel gives the shape for
   tracing. Inductor lowers it to one kernel of the ``attention`` generator (``compiler/backend.py``);
 - registers a Python kernel for SDPA's CompositeImplicitAutograd key. The Python dispatcher, on during
-  tracing (torch.compile / AOTAutograd / export) and never in eager, calls it: for spyre tensors of a
+  tracing (torch.compile / AOTAutograd / export), calls it: for spyre tensors of a
   case the generator supports (see :func:`supported`) and with no gradient to compute, it emits
   ``spyre::flash_attention``; everything else (other devices, training graphs, dropout, symbolic
   shapes, 3-d inputs, masks broadcast over keys, ...) takes torch's own decomposition, unchanged.
 
-Training graphs keep the math path: its backward is the decomposed ops, which all run on the card.
-Eager SDPA keeps the math path (the C++ choice is out of reach from Python).
+- registers the same Python kernel for SDPA's ``AutogradPrivateUse1`` key, so eager calls on spyre
+  route the same way: a supported call runs ``spyre::flash_attention`` (a single-op program, or its
+  math on the host in fp32 with ``TORCH_SPYRE_EAGER=host``), so a bool mask never becomes fp16 -inf
+  scores, which DLFloat16 holds as NaN.
+
+Training graphs and eager calls that need gradients keep the math path: its backward is the decomposed
+ops, which all run on the card.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import math
 import torch
 
 _lib: torch.library.Library | None = None
+_libs: list[torch.library.Library] = []  # kept alive: a Library's registrations end with it
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 1024  # largest head dim the generator was checked to tile (scratchpad)
 
@@ -118,7 +124,7 @@ def register() -> list[torch.library.Library]:
     """Define ``spyre::flash_attention`` and route traced spyre SDPA to it (idempotent)."""
     global _lib
     if _lib is not None:
-        return [_lib]
+        return [_lib, *_libs]
     from torch._C import DispatchKey
 
     lib = torch.library.Library("spyre", "DEF")
@@ -130,5 +136,10 @@ def register() -> list[torch.library.Library]:
     op = torch.ops.aten.scaled_dot_product_attention.default
     if DispatchKey.CompositeImplicitAutograd not in op.py_kernels:
         op.py_impl(DispatchKey.CompositeImplicitAutograd)(_sdpa_py_impl)
+    # Eager: the dispatcher reaches SDPA's autograd key for spyre tensors before its composite kernel,
+    # so a kernel there routes eager calls the same way (gradients keep the decomposition).
+    aten_lib = torch.library.Library("aten", "IMPL")
+    aten_lib.impl("scaled_dot_product_attention", _sdpa_py_impl, "AutogradPrivateUse1")
     _lib = lib
-    return [lib]
+    _libs.append(aten_lib)
+    return [lib, aten_lib]

@@ -160,26 +160,34 @@ def _touched_bytes(offsets: np.ndarray, layout: StickLayout) -> int:
     return int(np.unique(offsets // layout.lanes).size) * 128
 
 
-def read(t: torch.Tensor) -> tuple[torch.Tensor, Transfer]:
-    """The values of spyre tensor ``t`` as a new contiguous CPU tensor (same shape and dtype)."""
+def read(t: torch.Tensor, as_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, Transfer]:
+    """The values of spyre tensor ``t`` as a new contiguous CPU tensor (same shape; ``t``'s dtype, or
+    ``as_dtype``: DLFloat16 read as float32 keeps values beyond fp16's range finite)."""
     alloc = storage.allocation_of(t)
+    dtype = as_dtype or t.dtype
     if alloc is None or t.numel() == 0:
-        return torch.empty(t.shape, dtype=t.dtype), Transfer(0)
+        return torch.empty(t.shape, dtype=dtype), Transfer(0)
     layout: StickLayout = alloc.meta["layout"]
     if t.dtype != alloc.meta["dtype"]:
-        return _reinterpreted(_image(alloc), t).clone(), Transfer(layout.nbytes)
+        return _reinterpreted(_image(alloc), t).to(dtype, copy=True), Transfer(layout.nbytes)
     dev = _device_array(alloc)
     if _is_whole(t, layout):
         elems, moved = layout.unpack(dev), layout.nbytes
     else:
         offsets = layout.device_offsets(_host_indices(t))
         elems, moved = dev[offsets], _touched_bytes(offsets, layout)
-    values = dtypes.decode(elems, t.dtype, alloc.meta["encoding"]).reshape(t.shape)
+    values = dtypes.decode(elems, dtype, alloc.meta["encoding"]).reshape(t.shape)
     return values, Transfer(moved)
 
 
-def write(t: torch.Tensor, values: torch.Tensor) -> Transfer:
-    """Store CPU ``values`` (broadcastable to ``t``, any dtype) into spyre tensor ``t`` through its layout."""
+def write(t: torch.Tensor, values: torch.Tensor, computed_in_fp32: bool = False) -> Transfer:
+    """Store CPU ``values`` (broadcastable to ``t``, any dtype) into spyre tensor ``t`` through its layout.
+
+    Values convert to ``t``'s dtype as CPU ``copy_`` converts them, then to the device encoding. With
+    ``computed_in_fp32`` (results the host computed in fp32 for 16-bit tensors, as the card computes),
+    fp32 values bound for DLFloat16 are encoded straight from fp32 instead: one rounding, as the card's
+    vector unit rounds on write. Through fp16 first, magnitudes between 65504 and DLFloat16's range
+    (``finfo(float16).min`` is -65536 on the card) would become inf."""
     alloc = storage.allocation_of(t)
     if alloc is None or t.numel() == 0:
         return Transfer(0)
@@ -187,8 +195,9 @@ def write(t: torch.Tensor, values: torch.Tensor) -> Transfer:
     if values.shape == t.shape and values.dtype == t.dtype:
         host = values
     else:
-        host = torch.empty(t.shape, dtype=t.dtype)
-        host.copy_(values)  # broadcast and convert like CPU copy_
+        wide = computed_in_fp32 and alloc.meta["encoding"] == dtypes.DLFLOAT16 and values.dtype == torch.float32
+        host = torch.empty(t.shape, dtype=torch.float32 if wide else t.dtype)
+        host.copy_(values)
     if t.dtype != alloc.meta["dtype"]:
         image = _image(alloc)
         _reinterpreted(image, t).copy_(host)
