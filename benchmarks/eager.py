@@ -3,7 +3,9 @@
     python benchmarks/eager.py [--repeat N] [--quick]
 
 Prints medians and ratios measured in the same run:
-- host wall time of a small eager op (add, matmul, relu on small tensors) on spyre and on the CPU;
+- host wall time of a small eager op (add, matmul, relu on small tensors) on the CPU and on spyre, both
+  as a cached single-op program (the default, ``TORCH_SPYRE_EAGER=compile``; the first call, which
+  compiles, is a warm-up) and through the host fallback (``TORCH_SPYRE_EAGER=host``);
 - host wall time and throughput of host->device and device->host copies (fp32 and fp16, the latter with
   DLFloat16 conversion), next to the simulated PCIe time the card's clock takes for the same copy.
 Host time is this machine's; simulated time is the card model's (docs/device.md).
@@ -12,6 +14,8 @@ Host time is this machine's; simulated time is the card model's (docs/device.md)
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import time
 
@@ -32,7 +36,20 @@ def median_seconds(fn, repeat: int, warmup: int = 3) -> float:
     return statistics.median(samples)
 
 
-def small_ops(repeat: int) -> list[tuple[str, float, float]]:
+@contextlib.contextmanager
+def eager_mode(mode: str):
+    previous = os.environ.get("TORCH_SPYRE_EAGER")
+    os.environ["TORCH_SPYRE_EAGER"] = mode
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TORCH_SPYRE_EAGER", None)
+        else:
+            os.environ["TORCH_SPYRE_EAGER"] = previous
+
+
+def small_ops(repeat: int) -> list[tuple[str, float, float, float]]:
     a, b = torch.randn(64, 64), torch.randn(64, 64)
     da, db = a.to("spyre"), b.to("spyre")
     x, dx = torch.randn(1, 1024), torch.randn(1, 1024).to("spyre")
@@ -43,7 +60,11 @@ def small_ops(repeat: int) -> list[tuple[str, float, float]]:
         ("relu 1x1024 fp32", lambda: torch.relu(x), lambda: torch.relu(dx)),
         ("view+select (metadata only)", lambda: a.t()[3], lambda: da.t()[3]),
     ]:
-        rows.append((name, median_seconds(cpu_fn, repeat), median_seconds(spyre_fn, repeat)))
+        with eager_mode("compile"):
+            program = median_seconds(spyre_fn, repeat)
+        with eager_mode("host"):
+            host = median_seconds(spyre_fn, repeat)
+        rows.append((name, median_seconds(cpu_fn, repeat), program, host))
     return rows
 
 
@@ -75,9 +96,10 @@ def main() -> None:
     torch.set_num_threads(1)  # the spyre fallback and the CPU reference both run on one host thread
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     print("\nHost overhead of small eager ops (median wall time per call)")
-    print(f"{'op':32} {'cpu us':>10} {'spyre us':>10} {'spyre/cpu':>10}")
-    for name, cpu, spyre in small_ops(repeat):
-        print(f"{name:32} {cpu * 1e6:10.1f} {spyre * 1e6:10.1f} {spyre / cpu:10.1f}")
+    print(f"{'op':32} {'cpu us':>10} {'program us':>11} {'prog/cpu':>9} {'host-path us':>13} {'host/cpu':>9}")
+    for name, cpu, program, host in small_ops(repeat):
+        print(f"{name:32} {cpu * 1e6:10.1f} {program * 1e6:11.1f} {program / cpu:9.1f} {host * 1e6:13.1f} "
+              f"{host / cpu:9.1f}")
 
     print("\nHost<->device copies (median host wall time; simulated = time on the card's PCIe model)")
     print(f"{'copy':24} {'host ms':>9} {'host GB/s':>10} {'simulated ms':>13} {'host/simulated':>15}")

@@ -429,6 +429,7 @@ def run(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: dict, card: i
     # Python numbers in Tensor arguments (C++'s wrapped numbers, unwrapped by the boxed call): 0-d CPU
     # tensors, which the graph takes as constants.
     args, kwargs = _rewrap_numbers(info, args, kwargs)
+    args, kwargs = _matmul_operands_in_walkable_views(info, args, kwargs)
     bound = _bound_args(info, args, kwargs)
     reason = reason or call_host_reason(info, bound)
     if reason:
@@ -454,6 +455,50 @@ def run(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: dict, card: i
         else:
             outs = _call_cached(entry, key, _spyre_tensors(args, kwargs))
     return _results(info, bound, outs), entry.reason
+
+
+_MATMUL_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm"})
+
+
+def _walks_allocation_dims(t: torch.Tensor) -> bool:
+    """Every dim of ``t`` (of size > 1) moves along one dim of its allocation's host shape, each a
+    different one: what the matmul generator reads as one stride per dim. False for a view that merges
+    dims, e.g. a [24, 128] view of a [2, 12, 128] allocation (a Linear on a 3-d input)."""
+    from ..device.storage import allocation_of
+
+    alloc = allocation_of(t)
+    if alloc is None:
+        return True
+    layout = alloc.meta["layout"]
+    used: set[int] = set()
+    for n, st in zip(t.shape, t.stride()):
+        if n <= 1 or st == 0:
+            continue
+        match = [h for h, (hn, hst) in enumerate(zip(layout.host_shape, layout.host_strides))
+                 if hst == st and hn >= n and h not in used]
+        if not match:
+            return False
+        used.add(match[0])
+    return True
+
+
+def _matmul_operands_in_walkable_views(info: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Matmul operands whose view merges dims of their allocation are copied first (a copy program),
+    as the compiled path's lowering does (``backend._matmul_operand``); the copy is its own eager op."""
+    if info.name.split(".")[0] not in _MATMUL_OPS:
+        return args, kwargs
+    written = {i for i, w in enumerate(info.is_write) if w}
+    names = list(info.arg_names)
+
+    def fix(i: int, v: Any) -> Any:
+        if (i not in written and isinstance(v, torch.Tensor) and v.device.type == "spyre"
+                and not _walks_allocation_dims(v)):
+            return v.clone()
+        return v
+
+    args = tuple(fix(i, v) for i, v in enumerate(args))
+    kwargs = {k: fix(names.index(k) if k in names else -1, v) for k, v in kwargs.items()}
+    return args, kwargs
 
 
 def _spyre_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
