@@ -252,7 +252,7 @@ class SpyreKernel:
                 self._prepared.move_to_end(key)
                 self._note("hits")
         if prepared is None:
-            prepared = self._prepare(dict(values), places, card, key)
+            prepared = self._prepare(places, card, key)
         from ..runtime.launch import launch
 
         self.last_launch = launch(prepared, allocs)
@@ -284,11 +284,13 @@ class SpyreKernel:
             return _generator(spec)(spec, places, config)
         return _whole_op_program(spec, places, config)
 
-    def _prepare(self, values: dict[str, int], places: dict[str, Any], card: int, key: tuple):
+    def _prepare(self, places: dict[str, Any], card: int, key: tuple):
+        """Generate and prepare the program for ``key`` = (shape values, card, placements)."""
         from ..device import cards
         from ..runtime.launch import prepare
         from . import debug
 
+        values = dict(key[0])
         with self._lock:
             if key in self._prepared:
                 return self._prepared[key]
