@@ -151,6 +151,28 @@ def test_tiny_bert_one_graph_three_sequence_lengths():
     assert_on_card()
 
 
+def test_symbolic_transposed_operand_is_read_in_place():
+    """``_walks_buffer_dims`` proves a symbolic permute walks its buffer's dims (sizevars), so the bmm
+    reads k^T as a view: no copy kernel, as with static shapes."""
+    from .test_kernel_ir import specs_of
+
+    torch.manual_seed(0)
+
+    def scores(q, k):
+        return torch.bmm(q, k.transpose(1, 2))
+
+    q, k = torch.randn(2, 24, 64).half(), torch.randn(2, 24, 64).half()
+    specs = specs_of(scores, q, k, dynamic=True)
+    assert [s.generator for s in specs] == ["matmul"], [s.name for s in specs]
+    assert specs[0].symbols
+    compiled = torch.compile(scores, dynamic=True)
+    for n in (24, 40):
+        q, k = torch.randn(2, n, 64).half(), torch.randn(2, n, 64).half()
+        got = compiled(q.to("spyre"), k.to("spyre")).cpu().float()
+        torch.testing.assert_close(got, scores(q.float(), k.float()), **TOL[torch.float16])
+    assert_on_card()
+
+
 # --- the bound -------------------------------------------------------------------------------------
 def test_shape_cache_is_bounded_and_counted(monkeypatch):
     monkeypatch.setenv("TORCH_SPYRE_SHAPE_CACHE_SIZE", "2")

@@ -440,7 +440,6 @@ def _attention_operand(x):
     """The generator reads rows along the stick dim (the last dim, unit stride): a view whose last dim
     has another stride (e.g. K given as a transpose of K^T) gets a copy in its own layout first."""
     from torch._inductor import ir
-
     from torch._inductor.virtualized import V
 
     sv = V.graph.sizevars
