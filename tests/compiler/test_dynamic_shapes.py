@@ -292,3 +292,22 @@ def test_kernel_called_without_its_symbols_says_what_to_pass():
         kernel.run(**buffers)
     with pytest.raises(DynamicShapeError, match="needs the values of shape symbols"):
         kernel.spec.specialize({})
+
+
+def test_a_symbol_no_input_binds_is_refused_at_compile_time():
+    """The wrapper can only pass symbols its ``call`` has: those of the graph inputs' sizes and strides
+    (and SymInt inputs); unbacked u<n> are bound where they are computed."""
+    from types import SimpleNamespace
+
+    from torch._inductor.virtualized import V
+
+    from torch_spyre.compiler.kernel_ir import KernelSpec
+
+    s0, s1 = sympy.Symbol("s0", integer=True, positive=True), sympy.Symbol("s1", integer=True, positive=True)
+    x = SimpleNamespace(get_size=lambda: [s0, 64], get_stride=lambda: [64, 1])
+    graph = SimpleNamespace(graph_inputs={"arg0_1": s1, "arg1_1": x})
+    spec = KernelSpec("spyre_k_0", ["s0"], [], [], [], symbols=["s0", "s1", "u0"])
+    with V.set_graph_handler(graph):
+        wrapper._check_symbols_bound(spec)  # s0 from x's size, s1 a SymInt input, u0 unbacked
+        with pytest.raises(DynamicShapeError, match=r"needs shape symbols \['s2'\], which no graph input's size binds"):
+            wrapper._check_symbols_bound(KernelSpec("spyre_k_1", ["s2"], [], [], [], symbols=["s2"]))
