@@ -311,3 +311,23 @@ def test_a_symbol_no_input_binds_is_refused_at_compile_time():
         wrapper._check_symbols_bound(spec)  # s0 from x's size, s1 a SymInt input, u0 unbacked
         with pytest.raises(DynamicShapeError, match=r"needs shape symbols \['s2'\], which no graph input's size binds"):
             wrapper._check_symbols_bound(KernelSpec("spyre_k_1", ["s2"], [], [], [], symbols=["s2"]))
+
+
+def test_layout_comment_of_symbolic_allocations():
+    """The comment names the sticked dim (the unit-stride one, whatever the symbols' values) and the
+    host shape in symbols; its byte size is left to the symbols."""
+    from types import SimpleNamespace
+
+    from torch._inductor.virtualized import V
+
+    s = sympy.Symbol("s27", integer=True, positive=True)
+    sizevars = SimpleNamespace(optimization_hint=lambda e: int(sympy.sympify(e).subs(s, 24)))
+    with V.set_graph_handler(SimpleNamespace(sizevars=sizevars)):
+        rows = wrapper._layout_comment((4, s), (s, 1), torch.float16)
+        assert rows == "  # host [4, s27] sticked on dim 1, device bytes depend on s27"
+        assert wrapper._layout_comment((s, 4), (1, s), torch.float16) == rows  # the transposed view of it
+        # Strides that skip elements: the flat layout of the 7*s27 elements they reach.
+        assert wrapper._layout_comment((4, s), (2 * s, 1), torch.float16) == (
+            "  # host [7*s27] sticked on dim 0, device bytes depend on s27")
+    assert wrapper._layout_comment((8, 64), (64, 1), torch.float16) == (
+        "  # host [8, 64] sticked on dim 1, 1024 device bytes")

@@ -518,7 +518,10 @@ def _symbolic_layout_comment(shape, stride, dtype) -> str:
     hint = V.graph.sizevars.optimization_hint
     layout = tensor.layout_for([hint(s) for s in shape], [hint(s) for s in stride], dtype)
     order = sorted((i for i, s in enumerate(shape) if hint(s) != 1), key=lambda i: -hint(stride[i]))
-    host = [str(shape[i]) for i in order] if len(order) == len(layout.host_shape) else list(layout.host_shape)
+    if len(order) == len(layout.host_shape):  # dense: the sizes by decreasing stride
+        host = [str(shape[i]) for i in order]
+    else:  # a flat layout of the elements the strides reach
+        host = [str(sympy.expand(1 + sum((sympy.sympify(n) - 1) * st for n, st in zip(shape, stride))))]
     symbols = sorted({str(x) for e in shape for x in sympy.sympify(e).free_symbols})
     return (f"  # host [{', '.join(map(str, host))}] sticked on dim {layout.stick_dim}, device bytes "
             f"depend on {', '.join(symbols)}")
