@@ -90,6 +90,31 @@ def test_default_compile_mlp_over_varying_lengths():
     assert wrapper.shape_cache_stats()["specializations"] >= len(LENGTHS) - 1
 
 
+@pytest.mark.slow
+def test_training_step_over_varying_lengths():
+    """Forward and AOT autograd's backward graph are both symbolic after the first length (the zoo's
+    MLP training step, test_compile_zoo.py::test_mlp_forward_backward, over three batch lengths)."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32))
+    dev = copy.deepcopy(ref).half().to("spyre")
+
+    def loss_fn(m, x, y):
+        return ((m(x) - y) ** 2).mean()
+
+    start()
+    compiled = torch.compile(loss_fn)
+    for n in (16, 24, 40):
+        x, y = torch.randn(n, 64), torch.randn(n, 32)
+        for p in [*dev.parameters(), *ref.parameters()]:
+            p.grad = None
+        compiled(dev, x.half().to("spyre"), y.half().to("spyre")).backward()
+        loss_fn(ref, x, y).backward()
+        for (name, p), q in zip(dev.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad.cpu().float(), q.grad, atol=2e-3, rtol=5e-2, msg=f"length {n}, {name}")
+    assert graphs_compiled() == 2
+    assert wrapper.host_fallback_stats() == {}
+
+
 # --- dynamic=True and mark_dynamic: one graph ------------------------------------------------------
 def test_dynamic_true_compiles_one_graph_for_every_shape():
     torch.manual_seed(0)
