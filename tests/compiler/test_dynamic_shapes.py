@@ -166,11 +166,14 @@ def test_tiny_bert_one_graph_three_sequence_lengths():
             ids = torch.randint(0, 256, (2, n))
             # Bert's default token_type_ids are a gather along a stick dim: pass them, as tokenizers do.
             types = torch.zeros(2, n, dtype=torch.long)
-            ref = model(ids, token_type_ids=types).last_hidden_state
-            ids_d, types_d = ids.to("spyre"), types.to("spyre")
-            torch._dynamo.mark_dynamic(ids_d, 1)
-            torch._dynamo.mark_dynamic(types_d, 1)
-            got = compiled(ids_d, token_type_ids=types_d).last_hidden_state.cpu().float()
+            mask = torch.ones(2, n, dtype=torch.long)
+            mask[1, n - 5:] = 0  # the second sentence is padded
+            ref = model(ids, token_type_ids=types, attention_mask=mask).last_hidden_state
+            on_card = [t.to("spyre") for t in (ids, types, mask)]
+            for t in on_card:
+                torch._dynamo.mark_dynamic(t, 1)
+            got = compiled(on_card[0], token_type_ids=on_card[1], attention_mask=on_card[2]).last_hidden_state
+            got = got.cpu().float()
             torch.testing.assert_close(got, ref, atol=3e-2, rtol=3e-2)
     assert graphs_compiled() == 1
     assert_on_card()
@@ -196,6 +199,38 @@ def test_symbolic_transposed_operand_is_read_in_place():
         got = compiled(q.to("spyre"), k.to("spyre")).cpu().float()
         torch.testing.assert_close(got, scores(q.float(), k.float()), **TOL[torch.float16])
     assert_on_card()
+
+
+def test_symbolic_index_arithmetic():
+    """Index expressions over shape symbols (a modulo by the symbolic width) are specialized per call."""
+
+    def permute_columns(x):
+        r = torch.arange(x.shape[0], device=x.device)
+        c = torch.arange(x.shape[1], device=x.device)
+        return x[r[:, None], ((c * 3) % x.shape[1])[None, :]] + 1
+
+    start()
+    compiled = torch.compile(permute_columns, dynamic=True)
+    for shape in [(8, 32), (6, 40), (5, 64)]:
+        x = torch.randn(*shape)
+        torch.testing.assert_close(compiled(x.to("spyre")).cpu(), permute_columns(x), **TOL[torch.float32])
+    assert graphs_compiled() == 1
+    assert_on_card()
+
+
+def test_indirect_index_range_is_deferred():
+    """An indirect index into a symbolic size keeps the size as an expression until specialization."""
+    from torch.utils._sympy.symbol import SymT, make_symbol
+
+    from torch_spyre.compiler.kernel_ir import KernelSpec, NodeSpec
+
+    s0 = make_symbol(SymT.SIZE, 0, integer=True, positive=True)
+    h = RecordingHandler({"x0"})
+    i = h.index_expr(sympy.Symbol("x0", integer=True), torch.int64)
+    h.indirect_indexing(i, 2 * s0)
+    assert h.ops[-1].attrs["size"] == "2*s0" and h.symbols == {"s0"}
+    spec = KernelSpec("k", ["s0"], [], [NodeSpec("op0", ["s0"], [], "full", h.ops)], [], symbols=["s0"])
+    assert spec.specialize({"s0": 5}).nodes[0].ops[-1].attrs["size"] == 10
 
 
 # --- the bound -------------------------------------------------------------------------------------
