@@ -64,9 +64,15 @@ def test_masked_loads_carry_their_guards():
     assert len(guarded) == 2
 
 
-def test_dynamic_shapes_say_what_to_do():
-    with pytest.raises(Exception, match="dynamic=False"):
-        specs_of(lambda a: a * 2, torch.randn(8, 16), dynamic=True)
+def test_dynamic_shapes_give_a_symbolic_spec_that_specializes():
+    (spec,) = specs_of(lambda a: a * 2, torch.randn(8, 16), dynamic=True)
+    assert spec.symbols and all(isinstance(s, str) for s in spec.symbols)
+    assert any(isinstance(d, str) for d in spec.x_sizes + spec.buffers[0].size)
+    values = {s: 8 if i == 0 else 16 for i, s in enumerate(spec.symbols)}
+    static = KernelSpec.from_json(spec.to_json()).specialize(values)
+    assert static.symbols == [] and all(isinstance(d, int) for d in static.x_sizes + static.buffers[0].size)
+    with pytest.raises(DynamicShapeError, match="needs the values of shape symbols"):
+        spec.specialize({})
 
 
 def test_dtype_check():

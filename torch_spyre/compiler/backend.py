@@ -281,7 +281,7 @@ def _make_extern_node():
                 self.spyre_params, self.get_origins(),
             )
             wrapper.define_spyre_kernel(spec)
-            wrapper.writeline(f"{spec.name}.run({', '.join(f'{r}={ref}' for r, ref in refs.items())})")
+            wrapper.call_spyre_kernel(spec, refs)
 
     return SpyreExternKernel
 
@@ -394,21 +394,26 @@ def _matmul_operand(x):
 def _walks_buffer_dims(view) -> bool:
     """Every view dim (of size > 1) moves along one dim of its buffer's dense host shape, each a
     different one (what a stick layout can serve as one stride): true of permutes and slices, false of
-    reshapes that merge or split dims (heads split out of a fused projection, batch folded into rows)."""
+    reshapes that merge or split dims (heads split out of a fused projection, batch folded into rows).
+    Symbolic sizes and strides are compared as Inductor's size variables prove them for every value of
+    the symbols (what cannot be proved counts as false: a copy is correct, only slower)."""
+    from torch._inductor.virtualized import V
+
+    sv = V.graph.sizevars
     try:
         base = view.data.get_layout()
-        host = [(int(n), int(st)) for n, st in zip(base.size, base.stride) if int(n) > 1]
+        host = [(n, st) for n, st in zip(base.size, base.stride) if not sv.statically_known_leq(n, 1)]
         used: set[int] = set()
         for n, st in zip(view.get_size(), view.get_stride()):
-            n, st = int(n), int(st)
-            if n <= 1:
+            if sv.statically_known_leq(n, 1):
                 continue
-            match = [h for h, (hn, hst) in enumerate(host) if hst == st and n <= hn and h not in used]
+            match = [h for h, (hn, hst) in enumerate(host)
+                     if h not in used and sv.statically_known_equals(hst, st) and sv.statically_known_leq(n, hn)]
             if not match:
                 return False
             used.add(match[0])
         return True
-    except (TypeError, AttributeError):  # symbolic or unusual layouts: copy to be safe
+    except (TypeError, AttributeError):  # unusual layouts: copy to be safe
         return False
 
 
@@ -435,11 +440,14 @@ def _attention_operand(x):
     """The generator reads rows along the stick dim (the last dim, unit stride): a view whose last dim
     has another stride (e.g. K given as a transpose of K^T) gets a copy in its own layout first."""
     from torch._inductor import ir
+    from torch._inductor.virtualized import V
 
+    sv = V.graph.sizevars
     x = ir.ExternKernel.realize_input(x)
     try:
         size, stride = x.get_size(), x.get_stride()
-        if int(size[-1]) > 1 and int(stride[-1]) != 1:
+        # Symbolic: only a last dim proved unit-stride (or of size 1) is read in place.
+        if not (sv.statically_known_leq(size[-1], 1) or sv.statically_known_equals(stride[-1], 1)):
             return ir.ExternKernel.require_contiguous(x)
     except (TypeError, AttributeError, NotImplementedError):
         return ir.ExternKernel.require_contiguous(x)

@@ -14,6 +14,11 @@ recording ops handler and produces, for the whole fused node:
 
 A :class:`KernelSpec` is JSON-serializable: the generated wrapper stores it and generates the
 program at the first call, when the stick layouts of the bound tensors are known.
+
+Dynamic shapes: a spec may be *symbolic*. Sizes, strides, offsets, iteration ranges, index and mask
+expressions may then hold Inductor's shape symbols (``s27``, ``u0``) as strings (a number stays an
+int); ``spec.symbols`` lists them and :meth:`KernelSpec.specialize` substitutes their values at run
+time, giving the static spec the program generators read.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Union
 
 import sympy
 import torch
@@ -33,7 +38,7 @@ class LoweringError(NotImplementedError):
 
 
 class DynamicShapeError(LoweringError):
-    pass
+    """A symbolic value the Spyre compiler cannot keep symbolic until run time (the message says which)."""
 
 
 class UnsupportedDtypeError(LoweringError, TypeError):
@@ -78,10 +83,17 @@ def torch_dtype(name: str) -> torch.dtype:
 # ---------------------------------------------------------------------------------------------
 # The spec
 # ---------------------------------------------------------------------------------------------
+# A size, stride, offset or range: a number, or (in a symbolic spec) an expression over shape symbols
+# kept as a string ("s27", "128*s0").
+Dim = Union[int, str]
+
+
 @dataclass
 class Op:
     """One SSA value. ``args`` are op ids; ``attrs`` hold the rest (a constant's ``value``, a load's
-    ``buffer`` and ``index``, a reduction's type, the masks guarding a load)."""
+    ``buffer`` and ``index``, a reduction's type, the masks guarding a load). In a symbolic spec an
+    ``index`` or an indirect ``size`` may name shape symbols, and a constant with ``expr: true`` holds
+    an expression over them as its ``value`` (welford's element count)."""
 
     id: int
     op: str  # "load", "store", "constant", "index_expr", "to_dtype", "reduction", "where", "add", ...
@@ -93,8 +105,8 @@ class Op:
 @dataclass
 class NodeSpec:
     name: str  # the scheduler node's name (e.g. "op3")
-    sizes: list[int]
-    reduction_sizes: list[int]
+    sizes: list[Dim]
+    reduction_sizes: list[Dim]
     placement: str  # "full", "outer" or "reduction"
     ops: list[Op]
     origins: list[str] = field(default_factory=list)
@@ -104,17 +116,17 @@ class NodeSpec:
 class BufferSpec:
     name: str
     dtype: str
-    size: list[int]
-    stride: list[int]
-    offset: int
+    size: list[Dim]
+    stride: list[Dim]
+    offset: Dim
     role: str  # "input", "output", "inout"
 
 
 @dataclass
 class KernelSpec:
     name: str
-    x_sizes: list[int]
-    r_sizes: list[int]
+    x_sizes: list[Dim]
+    r_sizes: list[Dim]
     nodes: list[NodeSpec]
     buffers: list[BufferSpec]
     source_ops: list[str] = field(default_factory=list)
@@ -126,6 +138,8 @@ class KernelSpec:
     # Buffers written and read only inside this kernel (Inductor removed them from the graph): they
     # never reach device memory; their reads are served from the values stored.
     internal: list[str] = field(default_factory=list)
+    # Shape symbols the spec uses (empty: a static spec); the wrapper passes their values to each call.
+    symbols: list[str] = field(default_factory=list)
 
     @property
     def kind(self) -> str:
@@ -139,6 +153,28 @@ class KernelSpec:
                 return b
         raise KeyError(name)
 
+    def specialize(self, values: dict[str, int]) -> "KernelSpec":
+        """This spec with every shape symbol replaced by its value: a static spec (placements are
+        checked again on the numbers). A static spec is returned as it is."""
+        if not self.symbols:
+            return self
+        missing = [s for s in self.symbols if s not in values]
+        if missing:
+            raise DynamicShapeError(f"kernel {self.name} needs the values of shape symbols {missing} "
+                                    f"(given: {sorted(values)})")
+        sub = _Substitution({s: int(values[s]) for s in self.symbols})
+        x_sizes, r_sizes = sub.dims(self.x_sizes), sub.dims(self.r_sizes)
+        xnumel, rnumel = math.prod(x_sizes), math.prod(r_sizes) if r_sizes else 1
+        nodes = []
+        for n in self.nodes:
+            sizes, rsizes = sub.dims(n.sizes), sub.dims(n.reduction_sizes)
+            _check_placement(n.placement, sizes, rsizes, xnumel, rnumel, f"kernel {self.name} node {n.name}")
+            nodes.append(NodeSpec(n.name, sizes, rsizes, n.placement, [sub.op(o) for o in n.ops], list(n.origins)))
+        buffers = [BufferSpec(b.name, b.dtype, sub.dims(b.size), sub.dims(b.stride), sub.dim(b.offset), b.role)
+                   for b in self.buffers]
+        return KernelSpec(self.name, x_sizes, r_sizes, nodes, buffers, list(self.source_ops),
+                          list(self.source_lines), self.generator, dict(self.params), list(self.internal))
+
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
@@ -150,13 +186,56 @@ class KernelSpec:
         return cls(nodes=nodes, buffers=buffers, **d)
 
     def describe(self) -> str:
-        lines = [f"kernel {self.name}: {self.kind} over x={self.x_sizes} r={self.r_sizes}"]
+        sym = f" (symbols {', '.join(self.symbols)})" if self.symbols else ""
+        lines = [f"kernel {self.name}: {self.kind} over x={self.x_sizes} r={self.r_sizes}{sym}"]
         for n in self.nodes:
             lines.append(f"  node {n.name} ({n.placement}) sizes={n.sizes} rsizes={n.reduction_sizes}")
             for o in n.ops:
                 lines.append(f"    %{o.id} = {o.op}({', '.join(_fmt_arg(a) for a in o.args)}) "
                              f"{o.dtype or ''} {o.attrs if o.attrs else ''}".rstrip())
         return "\n".join(lines)
+
+
+class _Substitution:
+    """Shape-symbol values applied to the parts of a spec that may be symbolic."""
+
+    def __init__(self, values: dict[str, int]):
+        self.values = values
+        self._subs = {sympy.Symbol(k): sympy.Integer(v) for k, v in values.items()}
+
+    def _expr(self, text: str) -> sympy.Expr:
+        from .access import parse_index
+
+        return parse_index(text).xreplace(self._subs)
+
+    @staticmethod
+    def _expr_symbols(text: str) -> set[sympy.Symbol]:
+        from .access import parse_index
+
+        return parse_index(text).free_symbols
+
+    def dim(self, v: Dim) -> int:
+        if isinstance(v, int):
+            return v
+        e = self._expr(v)
+        if not e.is_number:
+            raise DynamicShapeError(f"{v} has symbols {sorted(map(str, e.free_symbols))} with no value "
+                                    f"(values given for {sorted(self.values)})")
+        return int(e)
+
+    def dims(self, vs: list[Dim]) -> list[int]:
+        return [self.dim(v) for v in vs]
+
+    def op(self, o: Op) -> Op:
+        attrs = dict(o.attrs)
+        index = attrs.get("index")
+        if isinstance(index, str) and any(s.name in self.values for s in self._expr_symbols(index)):
+            attrs["index"] = str(self._expr(index))
+        if "size" in attrs:  # an indirect index's range
+            attrs["size"] = self.dim(attrs["size"])
+        if attrs.pop("expr", False):  # a constant computed from shape symbols
+            attrs["value"] = float(self._expr(attrs["value"]))
+        return Op(o.id, o.op, list(o.args), o.dtype, attrs)
 
 
 def _fmt_arg(a: Any) -> str:
@@ -199,6 +278,7 @@ class RecordingHandler:
         self.ops: list[Op] = []
         self.guards: list[int] = []  # masks around the loads being recorded (ops.masked)
         self.var_names = var_names
+        self.symbols: set[str] = set()  # shape symbols the recorded expressions use
         self._next = 0
 
     def _emit(self, op: str, args: Iterable[Any], dtype: torch.dtype | str | None, **attrs: Any) -> _Ref:
@@ -226,13 +306,8 @@ class RecordingHandler:
 
     def _index(self, index: sympy.Expr) -> str:
         index = sympy.sympify(index)
-        unknown = {str(s) for s in index.free_symbols} - self.var_names
-        if unknown:
-            raise DynamicShapeError(
-                f"index expression {index} uses symbols {sorted(unknown)} that are not loop variables: "
-                "dynamic shapes (or indirect indexing) are not supported by the Spyre compiler yet; "
-                "compile with torch.compile(..., dynamic=False)"
-            )
+        unknown = [s for s in index.free_symbols if str(s) not in self.var_names]
+        self.symbols |= _shape_symbols(unknown, f"index expression {index}")
         return str(index)
 
     # --- memory ---------------------------------------------------------------------------------
@@ -270,14 +345,20 @@ class RecordingHandler:
 
     def _welford(self, dtype, value):
         """welford_reduce(x) -> (mean, m2, weight): mean = sum(x)/n, m2 = sum((x - mean)^2), n."""
-        n = float(self.reduction_numel)
         total = self._emit("reduction", [value], torch.float32, reduction="sum")
-        count = self.constant(n, torch.float32)
+        count = self._count(self.reduction_numel)
         mean = self._emit("truediv", [total, count], torch.float32)
         centred = self._emit("sub", [value, mean], torch.float32)
         sq = self._emit("mul", [centred, centred], torch.float32)
         m2 = self._emit("reduction", [sq], torch.float32, reduction="sum")
         return (mean, m2, count)
+
+    def _count(self, numel: Dim) -> _Ref:
+        """An element count as an fp32 constant; a symbolic count is filled in by ``specialize``."""
+        if isinstance(numel, int):
+            return self.constant(float(numel), torch.float32)
+        self.symbols |= {s.name for s in _parse(numel).free_symbols}
+        return self._emit("constant", [], torch.float32, value=numel, expr=True)
 
     # --- values ---------------------------------------------------------------------------------
     def constant(self, value, dtype):
@@ -309,10 +390,7 @@ class RecordingHandler:
         if not isinstance(index_var, _Ref):
             raise LoweringError(f"indirect index {index_var!r} is not a recorded value")
         name = f"ind{sum(1 for o in self.ops if o.op == 'indirect')}"
-        try:
-            size = int(size)
-        except TypeError:
-            raise DynamicShapeError("an indirect index into a symbolic size: compile with dynamic=False") from None
+        size = dim_of(size, "indirect index range", self.symbols)
         self._emit("indirect", [index_var], torch.int64, symbol=name, size=size, wrap_neg=bool(wrap_neg))
         self.var_names.add(name)
         return sympy.Symbol(name, integer=True)
@@ -366,30 +444,74 @@ def _result_dtype(name: str, dtypes: list[str | None]) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # Scheduler nodes -> KernelSpec (Inductor private APIs below)
 # ---------------------------------------------------------------------------------------------
-def static_ints(values: Iterable[Any], what: str) -> list[int]:
-    out = []
-    for v in values:
-        try:
-            out.append(int(v))
-        except TypeError:
+def _shape_symbols(symbols: Iterable[sympy.Symbol], what: str) -> set[str]:
+    """The names of ``symbols``, all of which must be shape symbols the wrapper can pass at run time
+    (Inductor's ``s<n>`` sizes bound from the inputs, ``u<n>`` unbacked sizes bound where computed)."""
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+    names = set()
+    for sym in symbols:
+        if not symbol_is_type(sym, (SymT.SIZE, SymT.UNBACKED_INT)):
             raise DynamicShapeError(
-                f"{what} {list(values)} is symbolic: dynamic shapes are not supported by the Spyre compiler "
-                "yet; compile with torch.compile(..., dynamic=False) (or torch._dynamo.config."
-                "automatic_dynamic_shapes = False)"
-            ) from None
+                f"{what} uses the symbol {sym}, which is not a shape symbol (s<n>/u<n>) the Spyre compiler can "
+                "bind at run time (a symbolic float, a precomputed size or an unknown variable); make that value "
+                "static, e.g. torch.compile(..., dynamic=False) or torch._dynamo.mark_static on its input"
+            )
+        names.add(sym.name)
+    return names
+
+
+def dim_of(value: Any, what: str, symbols: set[str]) -> Dim:
+    """A size, stride or offset as an int, or as an expression string over shape symbols (added to
+    ``symbols``)."""
+    try:
+        return int(value)
+    except TypeError:
+        pass
+    expr = sympy.sympify(value)
+    symbols |= _shape_symbols(expr.free_symbols, f"{what} {expr}")
+    return str(expr)
+
+
+def dims_of(values: Iterable[Any], what: str, symbols: set[str]) -> list[Dim]:
+    return [dim_of(v, what, symbols) for v in values]
+
+
+def _parse(text: str) -> sympy.Expr:
+    from .access import parse_index
+
+    return parse_index(text)
+
+
+def _numel(dims: list[Dim]) -> Any:
+    """The product of ``dims``: an int, or a sympy expression when some are symbolic."""
+    out: Any = 1
+    for d in dims:
+        out = out * (d if isinstance(d, int) else _parse(d))
     return out
 
 
-def _node_ops(node: Any, sizes: list[int], rsizes: list[int], real_name: Any = None) -> list[Op]:
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+def _symbol_order(name: str) -> tuple[str, int]:
+    return name.rstrip("0123456789"), int(name[len(name.rstrip("0123456789")):] or 0)
+
+
+def _node_ops(node: Any, sizes: list[Dim], rsizes: list[Dim], real_name: Any = None) -> tuple[list[Op], set[str]]:
     from torch._inductor.virtualized import V
 
     xvars = [sympy.Symbol(f"x{i}", integer=True, nonnegative=True) for i in range(len(sizes))]
     rvars = [sympy.Symbol(f"r{i}", integer=True, nonnegative=True) for i in range(len(rsizes))]
     handler = RecordingHandler({str(v) for v in xvars + rvars}, real_name)
-    handler.reduction_numel = math.prod(rsizes) if rsizes else 1
+    numel = _numel(rsizes)
+    handler.reduction_numel = numel if isinstance(numel, int) else str(numel)
     with V.set_ops_handler(handler):
         node._body(xvars, rvars)
-    return handler.ops
+    return handler.ops, handler.symbols
 
 
 def origins_of(nodes: list[Any]) -> tuple[list[str], list[str]]:
@@ -423,45 +545,62 @@ def _last_user_frame(trace: str) -> str | None:
     return f"{path.rsplit('/', 1)[-1]}:{line} in {fn}: {code.strip()}"
 
 
-def _placement(sizes: list[int], rsizes: list[int], xnumel: int, rnumel: int) -> str:
+def _placement(sizes: list[Dim], rsizes: list[Dim], xnumel: Any, rnumel: Any) -> str:
+    """Where a node runs in the kernel's space; sizes may be symbolic (compared as expressions)."""
     if rsizes:
-        if math.prod(sizes) != xnumel or math.prod(rsizes) != rnumel:
+        if not (_equal(_numel(sizes), xnumel) and _equal(_numel(rsizes), rnumel)):
             raise LoweringError(f"reduction node ranges {sizes} x {rsizes} do not match the kernel's "
                                 f"{xnumel} x {rnumel} iteration space")
         return "reduction"
-    n = math.prod(sizes)
-    if n == xnumel * rnumel:
+    n = _numel(sizes)
+    if _equal(n, xnumel * rnumel):
         return "full"
-    if n == xnumel:
+    if _equal(n, xnumel):
         return "outer"
     raise LoweringError(f"pointwise node of {n} elements does not fit the kernel's {xnumel} x {rnumel} space")
 
 
-def _buffer_spec(name: str, role: str) -> BufferSpec:
+def _check_placement(placement: str, sizes: list[int], rsizes: list[int], xnumel: int, rnumel: int,
+                     where: str) -> None:
+    """A symbolic spec's placement, checked again once its sizes are numbers."""
+    n = math.prod(sizes)
+    fits = {"reduction": bool(rsizes) and n == xnumel and math.prod(rsizes) == rnumel,
+            "full": not rsizes and n == xnumel * rnumel, "outer": not rsizes and n == xnumel}
+    if not fits.get(placement, False):
+        raise LoweringError(f"{where}: a {placement!r} node over {sizes} x {rsizes} does not fit the kernel's "
+                            f"{xnumel} x {rnumel} space at these shape values")
+
+
+def _buffer_spec(name: str, role: str, symbols: set[str]) -> BufferSpec:
     from torch._inductor.virtualized import V
 
     buf = V.graph.get_buffer(name)
     if buf is None and name in V.graph.graph_inputs:
         buf = V.graph.graph_inputs[name]
-    layout = buf.get_layout()
-    return BufferSpec(name, dtype_name(layout.dtype), static_ints(layout.size, f"buffer {name} size"),
-                      static_ints(layout.stride, f"buffer {name} stride"),
-                      static_ints([layout.offset], f"buffer {name} offset")[0], role)
+    return _view_spec(name, buf.get_layout(), role, symbols)
+
+
+def _view_spec(name: str, layout: Any, role: str, symbols: set[str]) -> BufferSpec:
+    return BufferSpec(name, dtype_name(layout.dtype), dims_of(layout.size, f"buffer {name} size", symbols),
+                      dims_of(layout.stride, f"buffer {name} stride", symbols),
+                      dim_of(layout.offset, f"buffer {name} offset", symbols), role)
 
 
 def kernel_spec(name: str, nodes: list[Any], real_name: Any = None, internal: Iterable[str] = ()) -> KernelSpec:
     """The KernelSpec of the scheduler nodes of one fused kernel (in execution order)."""
-    ranges = [(static_ints(n.get_ranges()[0], "iteration range"), static_ints(n.get_ranges()[1], "reduction range"))
-              for n in nodes]
+    symbols: set[str] = set()
+    ranges = [(dims_of(n.get_ranges()[0], "iteration range", symbols),
+               dims_of(n.get_ranges()[1], "reduction range", symbols)) for n in nodes]
     red = [r for r in ranges if r[1]]
     x_sizes, r_sizes = red[0] if red else (ranges[0][0], [])
     x_sizes = list(x_sizes) or [1]  # a 0-d output (full reduction, scalar op): one outer element
-    xnumel, rnumel = math.prod(x_sizes), math.prod(r_sizes) if r_sizes else 1
+    xnumel, rnumel = _numel(x_sizes), _numel(r_sizes)
     specs = []
     for n, (sizes, rsizes) in zip(nodes, ranges):
         node_ops, node_lines = origins_of([n])
         try:
-            ops = _node_ops(n, sizes, rsizes, real_name)
+            ops, used = _node_ops(n, sizes, rsizes, real_name)
+            symbols |= used
         except LoweringError as e:
             where = ", ".join(node_ops) or n.get_name()
             at = f" at {node_lines[0]}" if node_lines else ""
@@ -469,11 +608,12 @@ def kernel_spec(name: str, nodes: list[Any], real_name: Any = None, internal: It
         specs.append(NodeSpec(n.get_name(), sizes, rsizes, _placement(sizes, rsizes, xnumel, rnumel), ops, node_ops))
     source_ops, source_lines = origins_of(nodes)
     internal = sorted(internal)
-    buffers = [b for b in _buffers(specs, nodes) if b.name not in internal]
-    return KernelSpec(name, x_sizes, r_sizes, specs, buffers, source_ops, source_lines, internal=internal)
+    buffers = [b for b in _buffers(specs, symbols) if b.name not in internal]
+    return KernelSpec(name, x_sizes, r_sizes, specs, buffers, source_ops, source_lines, internal=internal,
+                      symbols=sorted(symbols, key=_symbol_order))
 
 
-def _buffers(specs: list[NodeSpec], nodes: list[Any]) -> list[BufferSpec]:
+def _buffers(specs: list[NodeSpec], symbols: set[str]) -> list[BufferSpec]:
     loaded, stored = [], []
     for s in specs:
         for o in s.ops:
@@ -483,7 +623,7 @@ def _buffers(specs: list[NodeSpec], nodes: list[Any]) -> list[BufferSpec]:
     out = []
     for name in loaded + [n for n in stored if n not in loaded]:
         role = "inout" if name in loaded and name in stored else "input" if name in loaded else "output"
-        out.append(_buffer_spec(name, role))
+        out.append(_buffer_spec(name, role, symbols))
     return out
 
 
@@ -492,14 +632,10 @@ def extern_kernel_spec(name: str, generator: str, buffers: dict[str, Any], param
     """The KernelSpec of a whole-op kernel (matmul, attention, gather): ``buffers`` maps role names
     (the program's operand names, e.g. "a", "b", "out") to Inductor IR nodes; their views (size,
     stride, offset) are recorded; ``params`` name the roles for the generator."""
-    specs = []
-    for role, node in buffers.items():
-        layout = node.get_layout()
-        specs.append(BufferSpec(role, dtype_name(layout.dtype), static_ints(layout.size, f"{role} size"),
-                                static_ints(layout.stride, f"{role} stride"),
-                                static_ints([layout.offset], f"{role} offset")[0],
-                                "output" if role == "out" else "input"))
+    symbols: set[str] = set()
+    specs = [_view_spec(role, node.get_layout(), "output" if role == "out" else "input", symbols)
+             for role, node in buffers.items()]
     fake = type("N", (), {"node": type("I", (), {"origins": list(origins)})()})()
     ops, lines = origins_of([fake])
     return KernelSpec(name, [], [], [], specs, ops, lines, generator=generator,
-                      params={**params, **{r: r for r in buffers}})
+                      params={**params, **{r: r for r in buffers}}, symbols=sorted(symbols, key=_symbol_order))

@@ -17,16 +17,24 @@ call with a given placement of its tensors (their stick layouts and storage offs
 program, writes the ``TORCH_SPYRE_DEBUG`` files and prepares it for the card (validation, timing, patch
 table); every call then only patches addresses and launches on the current stream.
 
+Dynamic shapes: a symbolic spec (``spec.symbols``, e.g. ``["s27"]``) is called with the symbols'
+values (``spyre_softmax_0.run(arg0_1=arg0_1, buf2=buf2, s27=s27)``); the kernel specializes the spec
+for those values and generates per (values, placement). Prepared programs are kept in a per-kernel LRU
+(``TORCH_SPYRE_SHAPE_CACHE_SIZE``, default 32), so a varying sequence length costs a bounded number of
+card programs; :func:`shape_cache_stats` counts specializations, programs and evictions.
+
 Host fallbacks inside compiled graphs (extern kernels Inductor could not lower) are counted:
 :func:`host_fallback_stats` must stay empty for supported ops.
 """
 
 from __future__ import annotations
 
+import os
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Any, Callable
 
+import sympy
 import torch
 
 from .kernel_ir import KernelSpec
@@ -152,12 +160,53 @@ def _whole_op_program(spec: KernelSpec, places: dict[str, Any], config: Any):
     return Program(spec.name, program.operands, program.cores, meta)
 
 
+SHAPE_CACHE_ENV = "TORCH_SPYRE_SHAPE_CACHE_SIZE"
+DEFAULT_SHAPE_CACHE_SIZE = 32
+
+# Over all kernels: "specializations" (symbolic specs made static for new shape values), "programs"
+# (programs generated and prepared), "evictions" (prepared programs dropped by a kernel's LRU), "hits".
+_shape_stats: Counter[str] = Counter()
+
+
+def shape_cache_stats() -> dict[str, int]:
+    """Counters of every :class:`SpyreKernel` since the last :func:`reset_shape_cache_stats`."""
+    with _fallback_lock:
+        return {k: _shape_stats[k] for k in ("specializations", "programs", "evictions", "hits")}
+
+
+def reset_shape_cache_stats() -> None:
+    with _fallback_lock:
+        _shape_stats.clear()
+
+
+def _count(event: str) -> None:
+    with _fallback_lock:
+        _shape_stats[event] += 1
+
+
+def shape_cache_size() -> int:
+    """Prepared programs a kernel keeps (per shape values and placement), from ``TORCH_SPYRE_SHAPE_CACHE_SIZE``."""
+    text = os.environ.get(SHAPE_CACHE_ENV, str(DEFAULT_SHAPE_CACHE_SIZE))
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise ValueError(f"{SHAPE_CACHE_ENV}={text!r}: expected a whole number >= 1 (prepared programs kept per "
+                         f"kernel; default {DEFAULT_SHAPE_CACHE_SIZE})")
+    return size
+
+
 class SpyreKernel:
-    """One compiled kernel: generates and prepares its program per placement, launches it per call."""
+    """One compiled kernel: specializes its spec per shape values, generates and prepares its program per
+    (values, placement) in a bounded LRU, launches it per call."""
 
     def __init__(self, spec: KernelSpec):
         self.spec = spec
-        self._prepared: dict[tuple, Any] = {}
+        self.cache_size = shape_cache_size()
+        self._prepared: OrderedDict[tuple, Any] = OrderedDict()
+        self._specialized: OrderedDict[tuple, KernelSpec] = OrderedDict()
+        self.stats: Counter[str] = Counter()
         self._lock = threading.Lock()
         self.last_launch = None
 
@@ -190,40 +239,79 @@ class SpyreKernel:
             allocs[b.name] = alloc
         return places, allocs, card
 
-    def run(self, **tensors: torch.Tensor) -> None:
-        places, allocs, card = self.placements(tensors)
+    def run(self, **args: Any) -> None:
+        """``args``: the kernel's buffers by name, and the values of its shape symbols (``s27=...``)."""
+        values = self._symbol_values(args)
+        places, allocs, card = self.placements(args)
         if places is None:  # a tensor of no elements: nothing to compute
             return
-        key = (card, tuple(sorted(places.items(), key=lambda kv: kv[0])))
-        prepared = self._prepared.get(key)
+        key = (values, card, tuple(sorted(places.items(), key=lambda kv: kv[0])))
+        with self._lock:
+            prepared = self._prepared.get(key)
+            if prepared is not None:
+                self._prepared.move_to_end(key)
+                self._note("hits")
         if prepared is None:
             prepared = self._prepare(places, card, key)
         from ..runtime.launch import launch
 
         self.last_launch = launch(prepared, allocs)
 
-    def program_for(self, places: dict[str, Any], config: Any):
-        if not self.spec.generator:
-            return _generator(self.spec)(self.spec, places, config)
-        return _whole_op_program(self.spec, places, config)
+    def _symbol_values(self, args: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+        missing = [s for s in self.spec.symbols if s not in args]
+        if missing:
+            raise TypeError(f"kernel {self.name} is symbolic in {self.spec.symbols} and was called without "
+                            f"{missing}; pass their values (the generated wrapper does: {missing[0]}={missing[0]})")
+        return tuple((s, int(args[s])) for s in self.spec.symbols)
+
+    def specialized(self, values: dict[str, int]) -> KernelSpec:
+        """The static spec for these shape-symbol values (cached alongside the prepared programs)."""
+        key = tuple(sorted(values.items()))
+        spec = self._specialized.get(key)
+        if spec is None:
+            spec = self.spec.specialize(values)
+            if self.spec.symbols:
+                self._note("specializations")
+            self._specialized[key] = spec
+            while len(self._specialized) > self.cache_size:
+                self._specialized.popitem(last=False)
+        self._specialized.move_to_end(key)
+        return spec
+
+    def program_for(self, places: dict[str, Any], config: Any, values: dict[str, int] | None = None):
+        spec = self.specialized(values or {})
+        if not spec.generator:
+            return _generator(spec)(spec, places, config)
+        return _whole_op_program(spec, places, config)
 
     def _prepare(self, places: dict[str, Any], card: int, key: tuple):
+        """Generate and prepare the program for ``key`` = (shape values, card, placements)."""
         from ..device import cards
         from ..runtime.launch import prepare
         from . import debug
 
+        values = dict(key[0])
         with self._lock:
             if key in self._prepared:
                 return self._prepared[key]
             c = cards.card(card)
-            program = self.program_for(places, c.config)
-            debug.dump_kernel(self.spec, program)
+            program = self.program_for(places, c.config, values)
+            debug.dump_kernel(self.specialized(values), program)
             prepared = prepare(program, c)
+            self._note("programs")
             self._prepared[key] = prepared
+            while len(self._prepared) > self.cache_size:
+                self._prepared.popitem(last=False)
+                self._note("evictions")
             return prepared
 
+    def _note(self, event: str) -> None:
+        self.stats[event] += 1
+        _count(event)
+
     def __repr__(self) -> str:
-        return f"<SpyreKernel {self.name}: {len(self._prepared)} prepared placement(s)>"
+        sym = f", symbolic in {', '.join(self.spec.symbols)}" if self.spec.symbols else ""
+        return f"<SpyreKernel {self.name}: {len(self._prepared)} prepared program(s){sym}>"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,14 +371,20 @@ def _make_wrapper_class():
                 what = f"{spec.generator} ({spec.params.get('kind', spec.generator)}: {shapes})"
             else:
                 what = f"{spec.kind} over x={spec.x_sizes} r={spec.r_sizes}"
+            if spec.symbols:
+                what += f", symbolic in {', '.join(spec.symbols)}"
             self.header.writeline(f"# kernel {spec.name}: {what}; from {ops}")
             for line in spec.source_lines[:3]:
                 self.header.writeline(f"#   at {line}")
             self.header.writeline(f"{spec.name} = SpyreKernel.load({path!r})")
 
-        def call_spyre_kernel(self, spec: KernelSpec) -> None:
-            args = ", ".join(f"{b.name}={b.name}" for b in spec.buffers)
-            self.writeline(f"{spec.name}.run({args})")
+        def call_spyre_kernel(self, spec: KernelSpec, refs: dict[str, str] | None = None) -> None:
+            """``spec.run(buffer=ref, ..., s27=s27)``: ``refs`` are the buffers' expressions (default: their
+            names); every shape symbol of the spec is passed from the ``call`` function's locals."""
+            refs = refs if refs is not None else {b.name: b.name for b in spec.buffers}
+            _check_symbols_bound(spec)
+            args = [f"{name}={ref}" for name, ref in refs.items()] + [f"{s}={s}" for s in spec.symbols]
+            self.writeline(f"{spec.name}.run({', '.join(args)})")
 
         # --- allocation with layouts -------------------------------------------------------------
         def make_allocation(self, name, device, dtype, shape, stride, allocation_shape=None, is_pinned=False):
@@ -359,26 +453,78 @@ def _is_spyre_node(node: Any) -> bool:
     return dev is None or dev.type == "spyre"
 
 
+def _check_symbols_bound(spec: KernelSpec) -> None:
+    """Every shape symbol a kernel needs must be a local of the wrapper's ``call``: Inductor binds the
+    symbols of the graph inputs' sizes and strides (and SymInt inputs) there, and unbacked ``u<n>`` where
+    they are computed."""
+    from torch._inductor.virtualized import V
+
+    bound = {s for s in spec.symbols if s.startswith("u")}
+    for value in V.graph.graph_inputs.values():
+        if isinstance(value, sympy.Expr):
+            bound |= {str(x) for x in value.free_symbols}
+        elif hasattr(value, "get_size"):
+            for e in [*value.get_size(), *value.get_stride()]:
+                bound |= {str(x) for x in sympy.sympify(e).free_symbols}
+    missing = [s for s in spec.symbols if s not in bound]
+    if missing:
+        from .kernel_ir import DynamicShapeError
+
+        raise DynamicShapeError(f"kernel {spec.name} needs shape symbols {missing}, which no graph input's size "
+                                "binds in the wrapper; mark that dim static (torch._dynamo.mark_static) or "
+                                "compile with dynamic=False")
+
+
+def _is_static(values) -> bool:
+    return all(isinstance(v, int) or getattr(v, "is_number", False) for v in values)
+
+
 def _same_stick_layout(old: Any, new: Any) -> bool:
+    from ..device import tensor
+
+    old_size, old_stride, new_size, new_stride = old.get_size(), old.get_stride(), new.get_size(), new.get_stride()
+    if not _is_static([*old_size, *old_stride, *new_size, *new_stride]):
+        # The layouts would have to agree for every value of the symbols: only the same view is sure to.
+        return (old.get_dtype() == new.get_dtype() and list(old_size) == list(new_size)
+                and list(old_stride) == list(new_stride))
     try:
-        from ..device import tensor
+        def layout(size, stride, dtype):
+            return tensor.layout_for([int(x) for x in size], [int(x) for x in stride], dtype)
 
-        def layout(b):
-            return tensor.layout_for([int(x) for x in b.get_size()], [int(x) for x in b.get_stride()], b.get_dtype())
-
-        return layout(old) == layout(new)
-    except Exception:  # noqa: BLE001 - symbolic shapes: keep Inductor's choice
-        return True
+        return layout(old_size, old_stride, old.get_dtype()) == layout(new_size, new_stride, new.get_dtype())
+    except Exception:  # noqa: BLE001 - a layout this cannot compute: do not reuse
+        return False
 
 
 def _layout_comment(shape, stride, dtype) -> str:
-    try:
-        from ..device import tensor
+    from ..device import tensor
 
+    try:
+        if not _is_static([*shape, *stride]):
+            return _symbolic_layout_comment(shape, stride, dtype)
         layout = tensor.layout_for([int(s) for s in shape], [int(s) for s in stride], dtype)
         return f"  # host {list(layout.host_shape)} sticked on dim {layout.stick_dim}, {layout.nbytes} device bytes"
-    except Exception:  # noqa: BLE001 - symbolic or empty shapes: no comment
+    except Exception:  # noqa: BLE001 - shapes this cannot lay out here (e.g. empty): no comment
         return ""
+
+
+def _symbolic_layout_comment(shape, stride, dtype) -> str:
+    """The layout of a symbolic allocation, worked out on the size hints (the sticked dim is the same for
+    every value of the symbols, since it is the unit-stride dim); its byte size depends on the symbols."""
+    from torch._inductor.virtualized import V
+
+    from ..device import tensor
+
+    hint = V.graph.sizevars.optimization_hint
+    layout = tensor.layout_for([hint(s) for s in shape], [hint(s) for s in stride], dtype)
+    order = sorted((i for i, s in enumerate(shape) if hint(s) != 1), key=lambda i: -hint(stride[i]))
+    if len(order) == len(layout.host_shape):  # dense: the sizes by decreasing stride
+        host = [str(shape[i]) for i in order]
+    else:  # a flat layout of the elements the strides reach
+        host = [str(sympy.expand(1 + sum((sympy.sympify(n) - 1) * st for n, st in zip(shape, stride))))]
+    symbols = sorted({str(x) for e in shape for x in sympy.sympify(e).free_symbols})
+    return (f"  # host [{', '.join(map(str, host))}] sticked on dim {layout.stick_dim}, device bytes "
+            f"depend on {', '.join(symbols)}")
 
 
 def __getattr__(name: str) -> Any:
