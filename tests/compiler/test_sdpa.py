@@ -153,7 +153,7 @@ def test_cpu_compile_untouched():
 
 def test_eager_sdpa_matches_cpu():
     q, k, v = rnd(2, 4, 33, 32), rnd(2, 2, 33, 32, seed=1), rnd(2, 2, 33, 32, seed=2)
-    # Eager SDPA keeps torch's math path on the device's ops (causal: no -inf reaches DLFloat16 memory).
+    # Eager SDPA is routed to spyre::flash_attention too (the device's AutogradPrivateUse1 kernel).
     got = F.scaled_dot_product_attention(*(t.to("spyre") for t in (q, k, v)), is_causal=True, enable_gqa=True)
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True, enable_gqa=True)
     torch.testing.assert_close(got.cpu().float(), ref, atol=3e-2, rtol=2e-2)
@@ -203,3 +203,23 @@ def test_minilm_attention_is_flash(dtype, monkeypatch, debug_dir):
 
     layers = transformers.AutoConfig.from_pretrained(embed.model_path()).num_hidden_layers
     assert kinds.count("attention") == layers, kinds
+
+
+@pytest.mark.slow
+def test_dynamic_shapes_keep_one_flash_kernel(debug_dir):
+    """dynamic=True: one symbolic graph whose attention kernel is specialized per length at run time."""
+    from torch_spyre.compiler import wrapper
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    f = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)  # noqa: E731
+    cf = torch.compile(f, dynamic=True)
+    with torch.no_grad():
+        for L in (40, 48, 72):  # not 32, the head dim: Dynamo would give equal sizes one symbol
+            q, k, v = rnd(2, 4, L, 32), rnd(2, 4, L, 32, seed=1), rnd(2, 4, L, 32, seed=2)
+            m = padding_mask(2, L)
+            got = cf(*(t.to("spyre") for t in (q, k, v, m))).cpu().float()
+            torch.testing.assert_close(got, f(q.float(), k.float(), v.float(), m), atol=3e-2, rtol=2e-2)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert kernel_kinds(debug_dir).count("attention") == 3  # one program per length
+    assert wrapper.host_fallback_stats() == {}

@@ -16,8 +16,9 @@ What this module does instead:
 - registers a Python kernel for SDPA's CompositeImplicitAutograd key. The Python dispatcher, on during
   tracing (torch.compile / AOTAutograd / export), calls it: for spyre tensors of a
   case the generator supports (see :func:`supported`) and with no gradient to compute, it emits
-  ``spyre::flash_attention``; everything else (other devices, training graphs, dropout, symbolic
-  shapes, 3-d inputs, masks broadcast over keys, ...) takes torch's own decomposition, unchanged.
+  ``spyre::flash_attention`` (symbolic shapes included: the kernel's spec is specialized per concrete
+  shape at run time); everything else (other devices, training graphs, dropout, 3-d inputs, masks
+  broadcast over keys, ...) takes torch's own decomposition, unchanged.
 
 - registers the same Python kernel for SDPA's ``AutogradPrivateUse1`` key, so eager calls on spyre
   route the same way: a supported call runs ``spyre::flash_attention`` (a single-op program, or its
@@ -66,10 +67,6 @@ def _flash_meta(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa
     return q.new_empty((B, Hq, Lq, v.shape[-1]))
 
 
-def _static(*sizes) -> bool:
-    return all(type(s) is int for s in sizes)
-
-
 def supported(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False) -> str | None:
     """None when ``spyre::flash_attention`` can take this call, else why not (it keeps the math path)."""
     ts = [t for t in (q, k, v, attn_mask) if t is not None]
@@ -83,8 +80,6 @@ def supported(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
         return "gradient needed (training graphs keep the math path)"
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "not 4-d"
-    if not _static(*q.shape, *k.shape, *v.shape, *(attn_mask.shape if attn_mask is not None else ())):
-        return "symbolic shapes"
     if q.dtype not in FLOAT_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return "dtype"
     (B, Hq, Lq, D), (Bk, Hkv, Lk, Dk), (Bv, Hv, Lv, _) = q.shape, k.shape, v.shape
