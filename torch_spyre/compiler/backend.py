@@ -380,6 +380,68 @@ def _lower_index(original):
     return lower
 
 
+def _lower_gather(original):
+    """``torch.gather(x, dim, index)`` -> the gather generator: along the last (stick) dim element by
+    element; along another dim as a row gather when the index is constant along every other dim (an
+    expanded index), else on the source and index moved so that ``dim`` is last (copy kernels) and the
+    result moved back (a view). 0-d sources and empty indices keep Inductor's lowering."""
+    from torch._inductor import ir
+    from torch._inductor import lowering as L
+
+    def lower(x, dim, index, sparse_grad=False):
+        rank = len(x.get_size())
+        if rank == 0 or len(index.get_size()) != rank or index.get_numel() == 0:
+            return original(x, dim, index, sparse_grad)
+        dim = dim % rank
+        idx = ir.ExternKernel.realize_input(index)
+        if dim != rank - 1 and not _varies_only_along(idx, dim):
+            perm = [d for d in range(rank) if d != dim] + [dim]
+            moved = lower(L.permute(x, perm), rank - 1, L.permute(index, perm))
+            return L.permute(moved, [perm.index(d) for d in range(rank)])
+        src = _gather_operand(x, starts_rows=dim != rank - 1)
+        # A row gather reads the index along ``dim`` only (it is constant along the others): as it is.
+        idx = _gather_operand(idx) if dim == rank - 1 else idx
+        return _extern("gather", "gather", ["source", "index"], [src, idx], list(idx.get_size()),
+                       src.get_dtype(), {"kind": "gather", "dim": int(dim)})
+
+    return lower
+
+
+def _varies_only_along(index, dim: int) -> bool:
+    """The index is constant (stride 0) along every dim but ``dim`` of size > 1: an expanded index."""
+    try:
+        return all(int(n) <= 1 or int(st) == 0 for d, (n, st) in enumerate(zip(index.get_size(), index.get_stride()))
+                   if d != dim)
+    except (TypeError, AttributeError, NotImplementedError):
+        return False
+
+
+def _gather_operand(x, starts_rows: bool = False):
+    """What the gather generator reads in place: a view whose last dim is unit-stride and walks one dim
+    of its buffer (sticks of one row evenly spaced). Anything else gets a copy in its own layout.
+    ``starts_rows``: gathered rows must also start at the first lane of a stick (a row gather moves whole
+    sticks), so a view starting inside its buffer's last dim is copied too."""
+    from torch._inductor import ir
+
+    # A copy must be frozen contiguous: Inductor would otherwise give a copy kernel the stride order of
+    # what it reads (the transposed order we are copying away from).
+    contiguous = ir.ExternKernel.require_contiguous
+    x = ir.ExternKernel.realize_input(x)
+    try:
+        size, stride = x.get_size(), x.get_stride()
+        if isinstance(x, ir.ReinterpretView) and not _walks_buffer_dims(x):
+            return contiguous(x)
+        if int(size[-1]) > 1 and int(stride[-1]) != 1:
+            return contiguous(x)
+        if starts_rows and isinstance(x, ir.ReinterpretView):
+            inner = int(x.data.get_layout().size[-1])
+            if int(x.get_layout().offset) % max(inner, 1):
+                return contiguous(x)
+    except (TypeError, AttributeError, NotImplementedError):  # symbolic sizes: a copy is always readable
+        return contiguous(x)
+    return x
+
+
 def _matmul_operand(x):
     """A view that merges or splits dims of its buffer (e.g. [B, S, K] seen as [B*S, K]) is not one
     stride per dim in the stick layout's device order: give the matmul a copy in its own layout (a
@@ -527,6 +589,7 @@ def _register_lowerings() -> None:
     table[aten.embedding.default] = (_lower_embedding, "embedding")
     table[aten.index_select.default] = (_lower_index_select, "index_select")
     table[aten.index.Tensor] = (_lower_index(L.lowerings[aten.index.Tensor]), "index")
+    table[aten.gather.default] = (_lower_gather(L.lowerings[aten.gather.default]), "gather")
     for op, (fn, name) in table.items():
         original = L.lowerings.get(op)
         if original is None or getattr(original, "__name__", "").startswith("spyre_"):
