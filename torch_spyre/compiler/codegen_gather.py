@@ -931,14 +931,20 @@ class _ElementEmitter:
 def _element_buffers(ep: _ElementPlan, per_chunk: int, max_rows: int) -> list[SpBuffer]:
     n, lanes = per_chunk, ep.source.lanes
     sel_bytes = 8 if ep.source.dtype in ("int64", "int32", "bool") else 4  # int64 or fp32 selections
-    k_idx = -(-(per_chunk + ep.index.lanes) // ep.index.lanes) + 1
-    k_out = -(-(per_chunk + ep.out.lanes) // ep.out.lanes) + 1
+    row = min(per_chunk, ep.cols)  # a chunk's rows hold at most this many indices each
+    k_idx = -(-(row + ep.index.lanes) // ep.index.lanes) + 1
+    k_out = -(-(row + ep.out.lanes) // ep.out.lanes) + 1
+    idx_rows = out_rows = max_rows
+    if ep.packed_index:  # one run of all the chunk's elements
+        k_idx, idx_rows = -(-(per_chunk + ep.index.lanes) // ep.index.lanes) + 1, 1
+    if ep.packed_out:
+        k_out, out_rows = -(-(per_chunk + ep.out.lanes) // ep.out.lanes) + 1, 1
     out = [SpBuffer("iota_rows", 8 * (3 * max(max_rows, 2))), SpBuffer("iota_lanes", 8 * 3 * lanes)]
     for p in range(2):
-        out += [SpBuffer(f"idx{p}", max_rows * k_idx * STICK_BYTES), SpBuffer(f"g{p}", n * STICK_BYTES),
+        out += [SpBuffer(f"idx{p}", idx_rows * k_idx * STICK_BYTES), SpBuffer(f"g{p}", n * STICK_BYTES),
                 SpBuffer(f"base{p}", 8 * max_rows), SpBuffer(f"pos{p}", 8 * n), SpBuffer(f"stick{p}", 8 * n),
                 SpBuffer(f"hot{p}", n * lanes), SpBuffer(f"sel{p}", n * lanes * sel_bytes),
-                SpBuffer(f"val{p}", 8 * n), SpBuffer(f"o{p}", max_rows * k_out * STICK_BYTES)]
+                SpBuffer(f"val{p}", 8 * n), SpBuffer(f"o{p}", out_rows * k_out * STICK_BYTES)]
     return out
 
 
@@ -947,14 +953,18 @@ def build_element_gather(spec: GatherSpec, config: CardConfig) -> tuple[Program,
     ep = _element_plan(spec)
     per_chunk = spec.chunk or max(1, min(config.scratchpad_plannable_bytes // (2 * ELEMENT_CHUNK_BYTES),
                                          -(-ep.rows * ep.cols // config.num_cores)))
-    chunks = _element_chunks(ep, per_chunk)
+    while True:  # the estimate per index ignores the rows' stick padding: halve until the plan fits
+        chunks = _element_chunks(ep, per_chunk)
+        max_rows = max(c.r1 - c.r0 for c in chunks)
+        largest = max(c.size for c in chunks)
+        try:
+            sp_plan = plan(_element_buffers(ep, largest, max_rows), config.scratchpad_plannable_bytes)
+            break
+        except ScratchpadOverflowError as e:
+            if per_chunk == 1 or spec.chunk:
+                raise CodegenError(f"gather {spec.name}: a chunk of {largest} indices does not fit: {e}") from None
+            per_chunk //= 2
     per_core = [cs for cs in _split(chunks, config.num_cores) if cs]
-    max_rows = max(c.r1 - c.r0 for c in chunks)
-    largest = max(c.size for c in chunks)
-    try:
-        sp_plan = plan(_element_buffers(ep, largest, max_rows), config.scratchpad_plannable_bytes)
-    except ScratchpadOverflowError as e:
-        raise CodegenError(f"gather {spec.name}: a chunk of {largest} indices does not fit: {e}") from None
     buf = {b.name: b.offset for b in sp_plan.buffers}
     cores = {core: _ElementEmitter(ep, buf).run(cs, max_rows)
              for core, cs in zip(core_ids(len(per_core), config), per_core)}
