@@ -1,6 +1,5 @@
 """More ops lowered into Spyre programs (issue §2): torch.gather (and what uses it: cross_entropy /
-nll_loss, take_along_dim, Bert's default token_type_ids), argmax/argmin/max.dim/min.dim, and matmuls on
-views that merge dims. Each compiled result is compared with torch on the CPU (fp32 and fp16 at
+nll_loss, take_along_dim, Bert's default token_type_ids), argmax/argmin/max.dim/min.dim, and cumsum. Each compiled result is compared with torch on the CPU (fp32 and fp16 at
 DLFloat16 tolerances) with no host computation inside the compiled graph; bad inputs get clear errors.
 
 ``python -m tests.compiler.test_lowerings_more`` prints the simulated time of the new kernels.
@@ -217,6 +216,29 @@ def test_argmax_over_rows_longer_than_the_scratchpad():
 
 
 # ---------------------------------------------------------------------------------------------
+# cumsum (a log-step scan of pointwise kernels)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,dim", [((8, 100), -1), ((37, 70), 0), ((3, 65, 7), 1), ((2, 1), -1)])
+def test_cumsum(dtype, shape, dim):
+    check(lambda x: torch.cumsum(x, dim) * 2, rnd(*shape, dtype=dtype))
+
+
+def test_cumsum_of_integers_is_int64_and_exact():
+    check(lambda x: torch.cumsum(x, 1), torch.randint(-5, 5, (4, 130)))
+    check(lambda x: torch.cumsum(x, 0, dtype=torch.float32), torch.randint(-5, 5, (33, 3)))
+    # Hugging Face's position ids from an attention mask
+    m = torch.ones(2, 40, dtype=torch.long)
+    m[1, 30:] = 0
+    check(lambda m: (torch.cumsum(m, -1) - 1) * m, m)
+
+
+def test_cumsum_of_a_long_row_keeps_fp32_accuracy():
+    x = rnd(2, 5000)
+    check(lambda x: torch.cumsum(x, -1), x, tol=dict(atol=2e-3, rtol=1e-4))
+
+
+# ---------------------------------------------------------------------------------------------
 # Simulated times of the new kernels
 # ---------------------------------------------------------------------------------------------
 def simulated_kernels(fn, *args) -> list[tuple[str, float]]:
@@ -241,6 +263,8 @@ TIMED = {
                                                    rnd(64, 32000, dtype=torch.float16), ints(32000, 64, 1)),
     "gather dim 0 (moved) fp16 [512, 768] -> [64, 768]": (lambda x, i: torch.gather(x, 0, i),
                                                          rnd(512, 768, dtype=torch.float16), ints(512, 64, 768)),
+    "cumsum fp32 [64, 128] (7 steps)": (lambda x: torch.cumsum(x, -1), rnd(64, 128)),
+    "cumsum fp16 [8, 4096] (12 steps)": (lambda x: torch.cumsum(x, -1), rnd(8, 4096, dtype=torch.float16)),
     "cross_entropy fp16 logits [64, 32000]": (lambda x, t: F.cross_entropy(x.float(), t),
                                              rnd(64, 32000, dtype=torch.float16), ints(32000, 64)),
 }

@@ -442,6 +442,50 @@ def _gather_operand(x, starts_rows: bool = False):
     return x
 
 
+def _lower_cumsum(original):
+    """``cumsum`` as a log-step (Hillis-Steele) scan: ceil(log2(n)) pointwise kernels, step k adding to
+    each element the one 2^k before it along the dim (a shifted, masked read: the pointwise generator
+    reads it as a misaligned view, the mask cuts one box). Floats accumulate in fp32, integers in int64
+    (torch's result dtype for them), each step a full pass: right for the short scans models use
+    (positions from an attention mask, a few thousand elements), not for long ones."""
+    from torch._inductor import ir
+    from torch._inductor import lowering as L
+    from torch._inductor.virtualized import ops
+
+    def lower(x, axis=None, dtype=None):
+        size = list(x.get_size())
+        if not size or axis is None:
+            return original(x, axis, dtype=dtype)
+        if dtype is None:
+            dtype = torch.int64 if not x.get_dtype().is_floating_point else x.get_dtype()
+        dim = axis % len(size)
+        acc = torch.float32 if dtype.is_floating_point else torch.int64
+        y = L.to_dtype(x, acc)
+        step = 1
+        while step < int(size[dim]):
+            y = _scan_step(y, dim, step, ir, ops)
+            step *= 2
+        return L.to_dtype(y, dtype)
+
+    return lower
+
+
+def _scan_step(y, dim: int, step: int, ir, ops):
+    """One Hillis-Steele step: out[..., i, ...] = y[i] + (y[i - step] if i >= step else 0), realized."""
+    load = y.make_loader()
+    dtype = y.get_dtype()
+
+    def fn(index):
+        earlier = list(index)
+        earlier[dim] = index[dim] - step
+        has_earlier = ops.ge(ops.index_expr(index[dim], torch.int64), ops.constant(step, torch.int64))
+        return ops.add(load(index), ops.masked(has_earlier, lambda: load(earlier), 0))
+
+    out = ir.Pointwise.create(device=y.get_device(), dtype=dtype, inner_fn=fn, ranges=list(y.get_size()))
+    out.realize()
+    return out
+
+
 def _matmul_operand(x):
     """A view that merges or splits dims of its buffer (e.g. [B, S, K] seen as [B*S, K]) is not one
     stride per dim in the stick layout's device order: give the matmul a copy in its own layout (a
@@ -590,6 +634,7 @@ def _register_lowerings() -> None:
     table[aten.index_select.default] = (_lower_index_select, "index_select")
     table[aten.index.Tensor] = (_lower_index(L.lowerings[aten.index.Tensor]), "index")
     table[aten.gather.default] = (_lower_gather(L.lowerings[aten.gather.default]), "gather")
+    table[aten.cumsum.default] = (_lower_cumsum(L.lowerings[aten.cumsum.default]), "cumsum")
     for op, (fn, name) in table.items():
         original = L.lowerings.get(op)
         if original is None or getattr(original, "__name__", "").startswith("spyre_"):
