@@ -238,6 +238,12 @@ def test_cumsum_of_a_long_row_keeps_fp32_accuracy():
     check(lambda x: torch.cumsum(x, -1), x, tol=dict(atol=2e-3, rtol=1e-4))
 
 
+@pytest.mark.slow
+def test_cumsum_of_a_large_tensor():
+    # past 256k elements each step sums 4 views instead of 8
+    check(lambda x: torch.cumsum(x, -1), rnd(70, 4000), tol=dict(atol=2e-3, rtol=1e-4))
+
+
 # ---------------------------------------------------------------------------------------------
 # Simulated times of the new kernels
 # ---------------------------------------------------------------------------------------------
@@ -263,8 +269,9 @@ TIMED = {
                                                    rnd(64, 32000, dtype=torch.float16), ints(32000, 64, 1)),
     "gather dim 0 (moved) fp16 [512, 768] -> [64, 768]": (lambda x, i: torch.gather(x, 0, i),
                                                          rnd(512, 768, dtype=torch.float16), ints(512, 64, 768)),
-    "cumsum fp32 [64, 128] (7 steps)": (lambda x: torch.cumsum(x, -1), rnd(64, 128)),
-    "cumsum fp16 [8, 4096] (12 steps)": (lambda x: torch.cumsum(x, -1), rnd(8, 4096, dtype=torch.float16)),
+    "cumsum fp32 [64, 128]": (lambda x: torch.cumsum(x, -1), rnd(64, 128)),
+    "cumsum fp16 [8, 4096]": (lambda x: torch.cumsum(x, -1), rnd(8, 4096, dtype=torch.float16)),
+    "cumsum fp32 [256, 4096]": (lambda x: torch.cumsum(x, -1), rnd(256, 4096)),
     "cross_entropy fp16 logits [64, 32000]": (lambda x, t: F.cross_entropy(x.float(), t),
                                              rnd(64, 32000, dtype=torch.float16), ints(32000, 64)),
 }

@@ -443,9 +443,9 @@ def _gather_operand(x, starts_rows: bool = False):
 
 
 def _lower_cumsum(original):
-    """``cumsum`` as a log-step (Hillis-Steele) scan: ceil(log2(n)) pointwise kernels, step k adding to
-    each element the one 2^k before it along the dim (a shifted, masked read: the pointwise generator
-    reads it as a misaligned view, the mask cuts one box). Floats accumulate in fp32, integers in int64
+    """``cumsum`` as a log-step (Hillis-Steele) scan: ceil(log_r(n)) pointwise kernels, step k adding to
+    each element the r - 1 elements j * r^k (j < r) before it along the dim (shifted, masked reads: the
+    pointwise generator reads them as misaligned views, each mask cuts one box). Floats accumulate in fp32, integers in int64
     (torch's result dtype for them), each step a full pass: right for the short scans models use
     (positions from an attention mask, a few thousand elements), not for long ones."""
     from torch._inductor import ir
@@ -461,25 +461,39 @@ def _lower_cumsum(original):
         dim = axis % len(size)
         acc = torch.float32 if dtype.is_floating_point else torch.int64
         y = L.to_dtype(x, acc)
-        step = 1
+        step, radix = 1, _scan_radix(int(x.get_numel()))
         while step < int(size[dim]):
-            y = _scan_step(y, dim, step, ir, ops)
-            step *= 2
+            y = _scan_step(y, dim, step, radix, ir, ops)
+            step *= radix
         return L.to_dtype(y, dtype)
 
     return lower
 
 
-def _scan_step(y, dim: int, step: int, ir, ops):
-    """One Hillis-Steele step: out[..., i, ...] = y[i] + (y[i - step] if i >= step else 0), realized."""
+def _scan_radix(numel: int) -> int:
+    """Elements summed per scan step. Each step is a kernel (~20 µs fixed cost) reading ``radix``
+    shifted views: 8 for small scans (fewer kernels: [8, 4096] in 4 kernels, 128 µs against 165 µs with
+    4), 4 past 256k elements, where the reads dominate ([256, 4096] fp32: 913 µs against 969 µs with 8)."""
+    return 8 if numel <= 1 << 18 else 4
+
+
+def _scan_step(y, dim: int, step: int, radix: int, ir, ops):
+    """One scan step: out[..., i, ...] = sum over j < radix of y[i - j*step] (0 before the start),
+    realized (the next step reads it shifted)."""
     load = y.make_loader()
     dtype = y.get_dtype()
 
+    def earlier(index, j):
+        shifted = list(index)
+        shifted[dim] = index[dim] - j * step
+        exists = ops.ge(ops.index_expr(index[dim], torch.int64), ops.constant(j * step, torch.int64))
+        return ops.masked(exists, lambda: load(shifted), 0)
+
     def fn(index):
-        earlier = list(index)
-        earlier[dim] = index[dim] - step
-        has_earlier = ops.ge(ops.index_expr(index[dim], torch.int64), ops.constant(step, torch.int64))
-        return ops.add(load(index), ops.masked(has_earlier, lambda: load(earlier), 0))
+        total = load(index)
+        for j in range(1, radix):
+            total = ops.add(total, earlier(index, j))
+        return total
 
     out = ir.Pointwise.create(device=y.get_device(), dtype=dtype, inner_fn=fn, ranges=list(y.get_size()))
     out.realize()
