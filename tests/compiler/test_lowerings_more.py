@@ -1,6 +1,7 @@
 """More ops lowered into Spyre programs (issue §2): torch.gather (and what uses it: cross_entropy /
-nll_loss, take_along_dim, Bert's default token_type_ids), argmax/argmin/max.dim/min.dim, and cumsum. Each compiled result is compared with torch on the CPU (fp32 and fp16 at
-DLFloat16 tolerances) with no host computation inside the compiled graph; bad inputs get clear errors.
+nll_loss, take_along_dim, Bert's default token_type_ids), argmax/argmin/max.dim/min.dim, and cumsum.
+Each compiled result is compared with torch on the CPU (fp32 and fp16 at DLFloat16 tolerances) with no
+host computation inside the compiled graph; bad inputs get clear errors.
 
 ``python -m tests.compiler.test_lowerings_more`` prints the simulated time of the new kernels.
 """

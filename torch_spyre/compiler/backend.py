@@ -444,10 +444,10 @@ def _gather_operand(x, starts_rows: bool = False):
 
 def _lower_cumsum(original):
     """``cumsum`` as a log-step (Hillis-Steele) scan: ceil(log_r(n)) pointwise kernels, step k adding to
-    each element the r - 1 elements j * r^k (j < r) before it along the dim (shifted, masked reads: the
-    pointwise generator reads them as misaligned views, each mask cuts one box). Floats accumulate in fp32, integers in int64
-    (torch's result dtype for them), each step a full pass: right for the short scans models use
-    (positions from an attention mask, a few thousand elements), not for long ones."""
+    each element the r - 1 elements j * r^k (0 < j < r) before it along the dim (shifted, masked reads:
+    the pointwise generator reads them as misaligned views, each mask cuts one box). Floats accumulate in
+    fp32, integers in int64 (torch's result dtype for them). Each step is a full pass: right for the
+    short scans models use (positions from an attention mask, a few thousand elements)."""
     from torch._inductor import ir
     from torch._inductor import lowering as L
     from torch._inductor.virtualized import ops
