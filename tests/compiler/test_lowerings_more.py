@@ -61,8 +61,18 @@ def test_gather_along_another_dim(dtype):
     check(lambda x, i: torch.gather(x, 0, i.expand(6, 70)) + 1, rnd(50, 70, dtype=dtype), ints(50, 6, 1))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gather_from_views(dtype):
+    x = rnd(20, 100, dtype=dtype)
+    check(lambda x, i: torch.gather(x[:, 3:50], 1, i), x, ints(47, 6, 4))  # rows start mid-stick: read in place
+    check(lambda x, i: torch.gather(x[:, 5:69], 0, i.expand(3, 64)), x, ints(20, 3, 1))  # copied first
+    check(lambda x, i: torch.gather(x, 0, i), x, ints(20, 3, 50))  # index smaller than the source
+    check(lambda x, i: torch.take_along_dim(x, i, 1), x, ints(100, 1, 3))  # index broadcast over rows
+
+
 def test_gather_of_integers_is_exact():
     check(lambda x, i: torch.gather(x, 1, i), torch.randint(-1000, 1000, (3, 200)), ints(200, 3, 17))
+    check(lambda x, i: torch.gather(x > 0, 1, i), rnd(6, 100), ints(100, 6, 4))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
