@@ -296,8 +296,8 @@ def test_tiny_models(name):
     cfg, cls = _tiny(name)
     model = cls(cfg).eval()
     ids = torch.randint(0, 256, (2, 16))
-    # Bert's default token_type_ids come from torch.gather along a buffer's stick dim, which the gather
-    # generator refuses (single elements inside sticks): pass them, as tokenizers do.
+    # Pass Bert's token_type_ids, as tokenizers do (its default path, a torch.gather along a buffer's
+    # stick dim, is tested in test_lowerings_more.py::test_bert_default_token_type_ids).
     kw = {"token_type_ids": torch.zeros(2, 16, dtype=torch.long)} if name == "bert" else {}
     with torch.no_grad():
         ref = model(ids, **kw).last_hidden_state

@@ -179,6 +179,8 @@ class Dag:
                 gid = self._new("const", [_literal(o.attrs["value"])], o.dtype, ni)
             elif o.op == "index_expr":
                 gid = self._new("static", [], o.dtype, ni, index=o.attrs["index"], kind="index")
+            elif o.op == "reduction" and o.attrs["reduction"] in ("argmax", "argmin"):
+                gid = self._arg_reduction(o.attrs["reduction"], args[0], o.dtype, ni)
             elif o.op == "reduction":
                 gid = self._new("reduction", args, o.dtype, ni, reduction=o.attrs["reduction"])
             elif o.op == "to_dtype":
@@ -190,6 +192,23 @@ class Dag:
             else:
                 gid = self._lower_pointwise(o.op, args, o.dtype, ni)
             local[o.id] = gid
+
+    def _arg_reduction(self, kind: str, x: int, dtype: str | None, ni: int) -> int:
+        """argmax/argmin(x) as two reductions: m = max/min(x), then the least position whose value is m,
+        or is NaN (torch returns the first NaN; max/min propagate a NaN into m, so then no value equals
+        m and only NaNs are candidates). Positions come from ``rindex`` (an on-chip iota); fp32 holds them
+        exactly up to 2**24, past that they are int64."""
+        n = math.prod(self.spec.r_sizes) if self.spec.r_sizes else 1
+        pdt = "float32" if n <= 1 << 24 else "int64"
+        x_dt = self.values[x].dtype
+        m = self._new("reduction", [x], x_dt, ni, reduction="max" if kind == "argmax" else "min")
+        hit = self._new("eq", [x, m], "bool", ni)
+        if x_dt in ("float16", "bfloat16", "float32", "float64"):
+            hit = self._new("logical_or", [hit, self._new("ne", [x, x], "bool", ni)], "bool", ni)
+        pos = self._new("rindex", [], pdt, ni)
+        none = self._new("const", [float(n) if pdt == "float32" else n], pdt, ni)  # past every position
+        first = self._new("reduction", [self._new("where", [hit, pos, none], pdt, ni)], pdt, ni, reduction="min")
+        return self._new("to_dtype", [first], dtype or "int64", ni)
 
     def _lower_pointwise(self, op: str, args: list[Any], dtype: str | None, ni: int) -> int:
         """Inductor pointwise ops in terms of the card's elementwise ops."""
@@ -235,6 +254,8 @@ class Dag:
                 v.extent = "scalar"
             elif v.op in ("static", "indirect"):
                 v.extent = "static"
+            elif v.op == "rindex":
+                v.extent = "full"
             elif v.op == "load":
                 v.extent = "full" if node_full else "outer"
             elif v.op == "reduction":
@@ -537,8 +558,10 @@ class KernelGen:
             src = self.dag.values[v.args[0]]
             if src.extent != "static" and not self._index_only(src.gid):
                 raise LoweringError(
-                    f"kernel {self.spec.name}: an index read from memory ({src.op}); data-dependent indexing "
-                    "(embedding, gather, index_select) runs on the gather generator: its lowering did not apply here")
+                    f"kernel {self.spec.name}: an index read from memory ({src.op}); data-dependent indexing runs "
+                    "on the gather generator, whose lowerings take embedding, index_select, x[idx] with one index "
+                    "tensor and torch.gather/take_along_dim on tensors of at least one dim with an index of the "
+                    "same rank; this form did not reach it: rewrite it as one of those")
             env[v.attrs["symbol"]] = np.asarray(self.static_value(v.gid, env, cache))
         return env
 
@@ -854,16 +877,16 @@ class SymInstr:
 
 def _dense(buf: str, dt: str, tile_shape: tuple[int, ...], box: Box, bcast: Iterable[int] = ()) -> Sym:
     """View of a box inside a row-major buffer over ``tile_shape`` (dims in ``bcast`` broadcast)."""
-    isz = _isz(dt)
-    strides, acc = [], 1
-    for n in reversed(tile_shape):
-        strides.append(acc)
-        acc *= n
-    strides = list(reversed(strides))
-    bc = set(bcast)
-    for d in bc:
+    strides = list(_row_major(tile_shape))
+    for d in set(bcast):
         strides[d] = 0
-    rel = sum(o * st for o, st in zip(box.origin, strides)) * isz
+    return _strided(buf, dt, strides, sum(o * st for o, st in zip(box.origin, strides)), box)
+
+
+def _strided(buf: str, dt: str, strides: list[int], rel: int, box: Box) -> Sym:
+    """View of a box in buffer ``buf``: element ``rel`` at the box's origin, ``strides`` per tile dim
+    (elements), carried over to the box's refined (mixed-radix) axes."""
+    rel *= _isz(dt)
     shape, axes = box.refined
     out = [0] * len(shape)
     for d, ax in enumerate(axes):
@@ -976,6 +999,8 @@ class PointwiseGenerator(KernelGen):
     # --- building -----------------------------------------------------------------------------------
     def _build(self, cboxes, tx, tr):
         persistent = tuple(tr) == tuple(self.spec.r_sizes)
+        # the iota (argmax/argmin positions) covers one reduction chunk
+        self._iota_span = 1 + sum((t - 1) * st for t, st in zip(tr, _row_major(self.spec.r_sizes)))
         sched = Scheduler(self.dag, self.aliases, persistent)
         cores: dict[int, list[SymInstr]] = {}
         for core, (xo, xs) in enumerate(cboxes):
@@ -1052,6 +1077,7 @@ class PointwiseGenerator(KernelGen):
         out: list[SymInstr] = []
         self._pos = 0
         self._tile = None
+        self._iota_base: int | None = None  # first reduction position the core's iota holds
         owners = [s for s in steps if s.load_from is s and s.loads]  # type: ignore[attr-defined]
         index = {id(o): i for i, o in enumerate(owners)}
         loaded: set[int] = set()
@@ -1092,6 +1118,8 @@ class PointwiseGenerator(KernelGen):
                   and self.dag.values[g].attrs["buffer"] not in self.spec.internal]
         for g in stores:
             self._prepare_store(g, ch, out)
+        if any(self.dag.values[g].op == "rindex" for g in s.values):
+            self._ensure_iota(ch, out)
         for g in s.values:
             v = self.dag.values[g]
             if v.op == "reduction":
@@ -1141,7 +1169,7 @@ class PointwiseGenerator(KernelGen):
     def _materialized(self, v: Value) -> bool:
         if v.extent in ("static", "scalar"):
             return False
-        if v.op in ("load", "const", "static", "store") or v.gid in self.aliases:
+        if v.op in ("load", "const", "static", "store", "rindex") or v.gid in self.aliases:
             return False
         if v.op == "to_dtype" and self._cast_alias(v):
             return False
@@ -1176,6 +1204,8 @@ class PointwiseGenerator(KernelGen):
         full = s.kind == "full"
         if v.extent == "scalar" and v.op == "const":
             return Scalar(v.args[0])
+        if v.op == "rindex":
+            return self._iota_view(s, box)
         if v.extent == "static":
             val = box.statics.get(gid)
             if val is None:
@@ -1215,6 +1245,38 @@ class PointwiseGenerator(KernelGen):
                 return _dense(f"v{gid}", dt, tuple(ch.xs) + (1,) * len(ch.rs), box, range(nx, nx + len(ch.rs)))
             return _dense(f"v{gid}", dt, tuple(ch.xs), box)
         return _dense(f"v{gid}", dt, tuple(ch.xs) + tuple(ch.rs), box)
+
+    # --- reduction positions (argmax/argmin) -----------------------------------------------------------
+    def _iota_dtype(self) -> str:
+        return next(v.sp_dtype for v in self.dag.values if v.op == "rindex")
+
+    def _iota_view(self, s: Step, box: Box) -> Sym:
+        """The linear reduction position of every element of a box: a view of the core's iota, which
+        holds the positions of the current reduction chunk (broadcast over the x dims)."""
+        nx = len(s.chunk.xs)
+        rstr = _row_major(self.spec.r_sizes)
+        rel = sum(o * st for o, st in zip(box.origin[nx:], rstr))
+        return _strided("iota", self._iota_dtype(), [0] * nx + list(rstr), rel, box)
+
+    def _ensure_iota(self, ch: Chunk, out: list[SymInstr]) -> None:
+        """Make the core's iota hold the positions of chunk ``ch``: built once per core by doubling
+        (0, then [0, k) + k for k = 1, 2, 4, ...: log2(n) instructions, n element-ops), then shifted
+        by one add when a chunk starts at another position."""
+        dt, n = self._iota_dtype(), self._iota_span
+        first = sum(o * st for o, st in zip(ch.ro, _row_major(self.spec.r_sizes)))
+        isz = _isz(dt)
+        run = lambda k, m: Sym("iota", k * isz, dt, (m,), (1,))  # noqa: E731
+        if self._iota_base is None:
+            self._add(out, Elementwise, op="copy", out=run(0, 1), inputs=(Scalar(0),))
+            k = 1
+            while k < n:
+                m = min(k, n - k)
+                self._add(out, Elementwise, op="add", out=run(k, m), inputs=(run(0, m), Scalar(k)))
+                k *= 2
+            self._iota_base = 0
+        if first != self._iota_base:
+            self._add(out, Elementwise, op="add", out=run(0, n), inputs=(run(0, n), Scalar(first - self._iota_base)))
+            self._iota_base = first
 
     def _guarded_off(self, v: Value, box: Box) -> bool:
         return any(not box.statics.get(g, True) for g in v.guards)
@@ -1326,7 +1388,8 @@ class PointwiseGenerator(KernelGen):
         bufs = []
         for name, n in sorted(size.items()):
             lo, hi = live[name]
-            if name.startswith(("ld", "st")) or (name.startswith("v") and self.dag.values[int(name[1:])].op == "reduction"):
+            if name.startswith(("ld", "st")) or name == "iota" or (
+                    name.startswith("v") and self.dag.values[int(name[1:])].op == "reduction"):
                 lo, hi = -1, 1 << 30  # loads are double-buffered across tiles; accumulators span the tile
             elif self.dag.values[int(name[1:].split(".")[0])].extent == "outer" if name.startswith("v") else False:
                 lo, hi = -1, 1 << 30
@@ -1410,8 +1473,18 @@ def _fold_scalar(v: Value, ins: list[Scalar]) -> float | int | bool:
 
 
 def generate(spec: KernelSpec, places: dict[str, TensorPlace], config: Any) -> Program:
-    """The program of a pointwise/reduction kernel for tensors placed as ``places``."""
-    return PointwiseGenerator(spec, places, config).generate()
+    """The program of a pointwise/reduction kernel for tensors placed as ``places``. A kernel it cannot
+    generate raises LoweringError naming the ATen ops and the user's source line it came from."""
+    try:
+        return PointwiseGenerator(spec, places, config).generate()
+    except LoweringError as e:
+        raise type(e)(f"{e}{_provenance(spec)}") from None
+
+
+def _provenance(spec: KernelSpec) -> str:
+    ops = ", ".join(spec.source_ops) or "unknown ops"
+    at = f" at {spec.source_lines[0]}" if spec.source_lines else ""
+    return f" (kernel from {ops}{at})"
 
 
 def _acc_dtype(v: Value) -> str:

@@ -335,10 +335,10 @@ class RecordingHandler:
     def reduction(self, dtype, src_dtype, reduction_type, value):
         if reduction_type == "welford_reduce":
             return self._welford(dtype, value)
-        if reduction_type not in ("sum", "max", "min", "prod", "any"):
+        if reduction_type not in ("sum", "max", "min", "prod", "any", "argmax", "argmin"):  # arg*: codegen_pointwise
             raise LoweringError(
-                f"reduction {reduction_type!r} has no Spyre lowering yet (supported: sum, max, min, prod, "
-                "any, welford via mean/var); the op using it cannot be compiled for spyre"
+                f"reduction {reduction_type!r} has no Spyre lowering yet (supported: sum, max, min, prod, any, "
+                "argmax, argmin, welford via mean/var); the op using it cannot be compiled for spyre"
             )
         rtype = "max" if reduction_type == "any" else reduction_type
         return self._emit("reduction", [value], dtype, reduction=rtype)

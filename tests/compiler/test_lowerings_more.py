@@ -1,0 +1,296 @@
+"""More ops lowered into Spyre programs (issue §2): torch.gather (and what uses it: cross_entropy /
+nll_loss, take_along_dim, Bert's default token_type_ids), argmax/argmin/max.dim/min.dim, and cumsum.
+Each compiled result is compared with torch on the CPU (fp32 and fp16 at DLFloat16 tolerances) with no
+host computation inside the compiled graph; bad inputs get clear errors.
+
+``python -m tests.compiler.test_lowerings_more`` prints the simulated time of the new kernels.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_spyre.card import dlfloat16
+from torch_spyre.compiler.kernel_ir import LoweringError
+
+from .spyre_compile_helpers import TOL, check, fresh, run_compiled
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ is not a package
+
+
+def rnd(*shape, dtype=torch.float32, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def ints(high, *shape, seed=1):
+    return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def dl_round(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as the card holds it: fp16 data is DLFloat16 (9 fraction bits) on the card, so an argmax
+    over fp16 is compared with torch's over the DLFloat16-rounded values (rounding can tie neighbours)."""
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        return x
+    return torch.from_numpy(dlfloat16.round_float32(x.float().numpy()))
+
+
+DTYPES = [torch.float32, torch.float16]
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.gather
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("src,idx", [((8, 100), (8, 5)), ((3, 7, 130), (3, 7, 9)), ((5, 70), (3, 10)),
+                                     ((2, 64), (2, 64)), ((40, 33), (40, 1))])
+def test_gather_along_the_stick_dim(dtype, src, idx):
+    check(lambda x, i: torch.gather(x, -1, i) * 2, rnd(*src, dtype=dtype), ints(src[-1], *idx))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gather_along_another_dim(dtype):
+    # an index varying along the other dims: source and index moved so that the dim is last
+    check(lambda x, i: torch.gather(x, 0, i) + 1, rnd(50, 70, dtype=dtype), ints(50, 6, 70))
+    check(lambda x, i: torch.gather(x, 1, i), rnd(4, 33, 10, dtype=dtype), ints(33, 4, 5, 10))
+    # an expanded index (constant along the other dims): a row gather, no copies
+    check(lambda x, i: torch.gather(x, 0, i.expand(6, 70)) + 1, rnd(50, 70, dtype=dtype), ints(50, 6, 1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gather_from_views(dtype):
+    x = rnd(20, 100, dtype=dtype)
+    check(lambda x, i: torch.gather(x[:, 3:50], 1, i), x, ints(47, 6, 4))  # rows start mid-stick: read in place
+    check(lambda x, i: torch.gather(x[:, 5:69], 0, i.expand(3, 64)), x, ints(20, 3, 1))  # copied first
+    check(lambda x, i: torch.gather(x, 0, i), x, ints(20, 3, 50))  # index smaller than the source
+    check(lambda x, i: torch.take_along_dim(x, i, 1), x, ints(100, 1, 3))  # index broadcast over rows
+
+
+def test_gather_of_integers_is_exact():
+    check(lambda x, i: torch.gather(x, 1, i), torch.randint(-1000, 1000, (3, 200)), ints(200, 3, 17))
+    check(lambda x, i: torch.gather(x > 0, 1, i), rnd(6, 100), ints(100, 6, 4))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_take_along_dim(dtype):
+    x = rnd(6, 130, dtype=dtype)
+    check(lambda x, i: torch.take_along_dim(x, i, 1), x, ints(130, 6, 1))
+    check(lambda x, i: torch.take_along_dim(x, i, -1), x, ints(130, 6, 4))
+    check(lambda x: torch.take_along_dim(x, x.argmax(-1, keepdim=True), -1), x)  # the row maxima
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,classes", [(16, 100), (37, 1000)])
+def test_cross_entropy(dtype, n, classes):
+    x, t = rnd(n, classes, dtype=dtype), ints(classes, n)
+    tol = dict(atol=3e-2, rtol=2e-2)
+    check(lambda x, t: F.cross_entropy(x.float(), t), x, t, tol=tol)
+    t[:5] = 3
+    check(lambda x, t: F.cross_entropy(x.float(), t, ignore_index=3), x, t, tol=tol)
+    check(lambda x, t: F.nll_loss(F.log_softmax(x.float(), -1), t, reduction="sum") / n, x, t, tol=tol)
+
+
+@pytest.mark.slow
+@pytest.mark.models
+def test_bert_default_token_type_ids():
+    """Bert without token_type_ids gathers its zero buffer along the stick dim (int64)."""
+    T = pytest.importorskip("transformers")
+    import torch_spyre
+    from torch_spyre.compiler import wrapper
+
+    torch.manual_seed(0)
+    cfg = T.BertConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, max_position_embeddings=64)
+    model = T.BertModel(cfg).eval()
+    ids = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        ref = model(ids).last_hidden_state
+        dev = model.half().to("spyre")
+        fresh()
+        f = torch.compile(dev)
+        f(ids.to("spyre"))
+        wrapper.reset_host_fallback_stats()
+        torch_spyre.reset_fallback_stats()
+        got = f(ids.to("spyre")).last_hidden_state.cpu().float()
+    torch.testing.assert_close(got, ref, atol=3e-2, rtol=3e-2)
+    assert wrapper.host_fallback_stats() == {} and dict(torch_spyre.fallback_stats()) == {}
+
+
+def test_gather_index_out_of_range_stops_the_program():
+    from torch_spyre.card.execute import ExecutionError
+
+    i = ints(100, 8, 5)
+    i[2, 3] = 100
+    with pytest.raises(ExecutionError, match=r"gather index 100 .* outside \[0, 100\).*the index tensor is %index"):
+        run_compiled(lambda x, i: torch.gather(x, 1, i), rnd(8, 100), i)
+    i = torch.full((3, 1), 9)
+    with pytest.raises(ExecutionError, match=r"gather index 9 .* outside \[0, 8\).*valid rows of %source along dim 0"):
+        run_compiled(lambda x, i: torch.gather(x, 0, i.expand(3, 70)), rnd(8, 70), i)
+
+
+def test_gather_with_packed_rows_out_of_range_is_explained():
+    """The generator on its own: an [N, 1] index and output (their layout drops the size-1 dim, so rows
+    share sticks) and the card's error turned into one naming the index tensor and its range."""
+    from benchmarks.programs import run_on_card
+    from torch_spyre.card import Card, load_config
+    from torch_spyre.card.execute import ExecutionError
+    from torch_spyre.card.layout import StickLayout
+    from torch_spyre.compiler.codegen_gather import GatherSpec, TensorArg, build_gather, explain_gather_error
+
+    config = load_config(environ={})
+    n = 150
+    packed = lambda name, dt: TensorArg(name, StickLayout((n,), 0, dt), (n, 1), (1, 1))  # noqa: E731
+    spec = GatherSpec("gather", TensorArg.contiguous("x", (n, 77), torch.float32), packed("i", "int64"),
+                      packed("o", "float32"), 1)
+    program, dec = build_gather(spec, config)
+    x, i = rnd(n, 77), ints(77, n, 1)
+    out, _ = run_on_card(Card(0, config), program, {"x": x, "i": i.reshape(n)})
+    torch.testing.assert_close(out["o"].reshape(n, 1), torch.gather(x, 1, i))
+    assert dec.work_division["chunks"] == 5  # 32-element output sticks: chunks of whole sticks
+    i[140] = 77
+    with pytest.raises(ExecutionError, match=r"outside \[0, 77\)") as err:
+        run_on_card(Card(0, config), program, {"x": x, "i": i.reshape(n)})
+    assert "index tensor %i holds a value outside [0, 77), the valid rows of %x along dim 1" in \
+        explain_gather_error(program, err.value)
+
+
+def test_gather_form_without_lowering_names_op_and_line():
+    fresh()
+    with pytest.raises(LoweringError, match=r"index read from memory.*aten\.gather\.default.* at "
+                                            r"test_lowerings_more\.py:\d+"):
+        torch.compile(lambda x, i: torch.gather(x, 0, i) * 2)(torch.tensor(3.0).to("spyre"),
+                                                               torch.tensor(0).to("spyre"))
+
+
+# ---------------------------------------------------------------------------------------------
+# argmax / argmin / max.dim / min.dim
+# ---------------------------------------------------------------------------------------------
+def check_exact(fn, x):
+    """Compiled on spyre vs torch on the DLFloat16-rounded input: indices equal exactly."""
+    got = run_compiled(fn, x)
+    ref = fn(dl_round(x).float())
+    gots, refs = (got, ref) if isinstance(got, (tuple, list)) else ((got,), (ref,))
+    for g, r in zip(gots, refs):
+        if r.is_floating_point():
+            torch.testing.assert_close(g.float(), r, **TOL[x.dtype])
+        else:
+            assert torch.equal(g, r), (g, r)
+    from torch_spyre.compiler import wrapper
+
+    assert wrapper.host_fallback_stats() == {}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,dim", [((8, 100), -1), ((5, 130), 1), ((70, 33), 0), ((3, 100, 7), 1),
+                                       ((13, 33), None), ((512, 3000), -1)])
+def test_argmax_argmin(dtype, shape, dim):
+    check_exact(lambda x: (torch.argmax(x, dim), torch.argmin(x, dim)), rnd(*shape, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_max_min_with_dim(dtype):
+    x = rnd(6, 77, dtype=dtype)
+    check_exact(lambda x: tuple(torch.max(x, -1)), x)
+    check_exact(lambda x: tuple(torch.min(x, 1, keepdim=True)), x)
+
+
+def test_ties_give_the_first_index():
+    x = torch.randint(0, 3, (8, 70)).float()
+    check_exact(lambda x: (x.argmax(-1), x.argmin(-1), x.argmax(0)), x)
+
+
+def test_nan_gives_the_first_nan_as_torch_does():
+    x = rnd(4, 100)
+    x[1, 37] = x[1, 80] = x[2, 5] = float("nan")
+    check_exact(lambda x: (x.argmax(-1), x.argmin(-1)), x)
+
+
+def test_argmax_of_integers():
+    x = torch.randint(-50, 50, (6, 90))
+    check(lambda x: (x.argmax(-1), x.argmin(0), x.int().argmax(-1)), x)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_decoding_argmax(batch):
+    """logits.argmax(-1) over a Llama vocabulary: one kernel (two passes of a persistent reduction)."""
+    check_exact(lambda x: x.argmax(-1), rnd(batch, 32000, dtype=torch.float16))
+
+
+@pytest.mark.slow
+def test_argmax_over_rows_longer_than_the_scratchpad():
+    # 600k fp32 per row (2.4 MB) cannot stay on chip: both passes stream the row in chunks
+    check_exact(lambda x: (x.argmax(-1), x.argmin(-1)), rnd(2, 600000))
+
+
+# ---------------------------------------------------------------------------------------------
+# cumsum (a log-step scan of pointwise kernels)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,dim", [((8, 100), -1), ((37, 70), 0), ((3, 65, 7), 1), ((2, 1), -1)])
+def test_cumsum(dtype, shape, dim):
+    check(lambda x: torch.cumsum(x, dim) * 2, rnd(*shape, dtype=dtype))
+
+
+def test_cumsum_of_integers_is_int64_and_exact():
+    check(lambda x: torch.cumsum(x, 1), torch.randint(-5, 5, (4, 130)))
+    check(lambda x: torch.cumsum(x, 0, dtype=torch.float32), torch.randint(-5, 5, (33, 3)))
+    # Hugging Face's position ids from an attention mask
+    m = torch.ones(2, 40, dtype=torch.long)
+    m[1, 30:] = 0
+    check(lambda m: (torch.cumsum(m, -1) - 1) * m, m)
+
+
+def test_cumsum_of_a_long_row_keeps_fp32_accuracy():
+    x = rnd(2, 5000)
+    check(lambda x: torch.cumsum(x, -1), x, tol=dict(atol=2e-3, rtol=1e-4))
+
+
+@pytest.mark.slow
+def test_cumsum_of_a_large_tensor():
+    # past 256k elements each step sums 4 views instead of 8
+    check(lambda x: torch.cumsum(x, -1), rnd(70, 4000), tol=dict(atol=2e-3, rtol=1e-4))
+
+
+# ---------------------------------------------------------------------------------------------
+# Simulated times of the new kernels
+# ---------------------------------------------------------------------------------------------
+def simulated_kernels(fn, *args) -> list[tuple[str, float]]:
+    """(kernel, simulated µs) of one call of the compiled ``fn`` (after a first call that compiles)."""
+    import torch_spyre.profiler
+
+    dev = [a.to("spyre") for a in args]
+    fresh()
+    f = torch.compile(fn)
+    f(*dev)
+    with torch_spyre.profiler.profile() as prof:
+        f(*dev)
+    return [(e.key, e.device_time * 1e6) for e in prof.key_averages() if e.kind == "kernel"]
+
+
+TIMED = {
+    "greedy argmax fp16 [1, 32000]": (lambda x: x.argmax(-1), rnd(1, 32000, dtype=torch.float16)),
+    "greedy argmax fp16 [8, 32000]": (lambda x: x.argmax(-1), rnd(8, 32000, dtype=torch.float16)),
+    "argmax fp32 [2, 600000] (chunked)": (lambda x: x.argmax(-1), rnd(2, 600000)),
+    "max.dim fp16 [1024, 768]": (lambda x: torch.max(x, -1), rnd(1024, 768, dtype=torch.float16)),
+    "gather stick dim fp16 [64, 32000] -> [64, 1]": (lambda x, i: torch.gather(x, -1, i),
+                                                   rnd(64, 32000, dtype=torch.float16), ints(32000, 64, 1)),
+    "gather dim 0 (moved) fp16 [512, 768] -> [64, 768]": (lambda x, i: torch.gather(x, 0, i),
+                                                         rnd(512, 768, dtype=torch.float16), ints(512, 64, 768)),
+    "cumsum fp32 [64, 128]": (lambda x: torch.cumsum(x, -1), rnd(64, 128)),
+    "cumsum fp16 [8, 4096]": (lambda x: torch.cumsum(x, -1), rnd(8, 4096, dtype=torch.float16)),
+    "cumsum fp32 [256, 4096]": (lambda x: torch.cumsum(x, -1), rnd(256, 4096)),
+    "cross_entropy fp16 logits [64, 32000]": (lambda x, t: F.cross_entropy(x.float(), t),
+                                             rnd(64, 32000, dtype=torch.float16), ints(32000, 64)),
+}
+
+
+if __name__ == "__main__":
+    for name, (fn, *args) in TIMED.items():
+        kernels = simulated_kernels(fn, *args)
+        total = sum(us for _, us in kernels)
+        print(f"{name}: {total:.1f} µs in {len(kernels)} kernel(s): "
+              + ", ".join(f"{k} {us:.1f}" for k, us in kernels))
