@@ -144,6 +144,22 @@ class TensorPlace:
         return self.layout.itemsize
 
 
+def walks_layout_dims(layout: StickLayout, shape, strides) -> bool:
+    """Every view dim (of size > 1, not broadcast) moves along one dim of the allocation's host shape,
+    each a different one: what the whole-op generators (matmul, gather, attention) read as one stride per
+    dim. False for a view that merges or splits dims, e.g. [24, 128] over a [2, 12, 128] allocation."""
+    used: set[int] = set()
+    for n, st in zip(shape, strides):
+        if n <= 1 or st == 0:
+            continue
+        match = [h for h, (hn, hst) in enumerate(zip(layout.host_shape, layout.host_strides))
+                 if hst == st and hn >= n and h not in used]
+        if not match:
+            return False
+        used.add(match[0])
+    return True
+
+
 def device_elements(place: TensorPlace, host_index: np.ndarray, what: str = "access") -> np.ndarray:
     """Device element offsets (same shape as ``host_index``) of host indices relative to the view."""
     idx = np.asarray(host_index, dtype=np.int64) + place.storage_offset

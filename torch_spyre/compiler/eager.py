@@ -460,26 +460,14 @@ def run(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: dict, card: i
 _MATMUL_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm"})
 
 
-def _walks_allocation_dims(t: torch.Tensor) -> bool:
-    """Every dim of ``t`` (of size > 1) moves along one dim of its allocation's host shape, each a
-    different one: what the matmul generator reads as one stride per dim. False for a view that merges
-    dims, e.g. a [24, 128] view of a [2, 12, 128] allocation (a Linear on a 3-d input)."""
+def walks_allocation_dims(t: torch.Tensor) -> bool:
+    """``access.walks_layout_dims`` for a spyre tensor and its allocation (a Linear on a 3-d input hands
+    addmm a [B*S, K] view of a [B, S, K] allocation, which does not)."""
     from ..device.storage import allocation_of
+    from .access import walks_layout_dims
 
     alloc = allocation_of(t)
-    if alloc is None:
-        return True
-    layout = alloc.meta["layout"]
-    used: set[int] = set()
-    for n, st in zip(t.shape, t.stride()):
-        if n <= 1 or st == 0:
-            continue
-        match = [h for h, (hn, hst) in enumerate(zip(layout.host_shape, layout.host_strides))
-                 if hst == st and hn >= n and h not in used]
-        if not match:
-            return False
-        used.add(match[0])
-    return True
+    return alloc is None or walks_layout_dims(alloc.meta["layout"], t.shape, t.stride())
 
 
 def _matmul_operands_in_walkable_views(info: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -492,8 +480,8 @@ def _matmul_operands_in_walkable_views(info: Any, args: tuple, kwargs: dict) -> 
 
     def fix(i: int, v: Any) -> Any:
         if (i not in written and isinstance(v, torch.Tensor) and v.device.type == "spyre"
-                and not _walks_allocation_dims(v)):
-            return v.clone()
+                and not walks_allocation_dims(v)):
+            return v.clone(memory_format=torch.contiguous_format)
         return v
 
     args = tuple(fix(i, v) for i, v in enumerate(args))

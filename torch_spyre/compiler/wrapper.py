@@ -242,6 +242,7 @@ class SpyreKernel:
     def run(self, **args: Any) -> None:
         """``args``: the kernel's buffers by name, and the values of its shape symbols (``s27=...``)."""
         values = self._symbol_values(args)
+        args = self._operands_in_walkable_views(args)
         places, allocs, card = self.placements(args)
         if places is None:  # a tensor of no elements: nothing to compute
             return
@@ -256,6 +257,26 @@ class SpyreKernel:
         from ..runtime.launch import launch
 
         self.last_launch = launch(prepared, allocs)
+
+    def _operands_in_walkable_views(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The matmul generator reads each operand as one stride per dim of its allocation. The lowering
+        copies views inside the graph that do not (``backend._matmul_operand``), but a graph *input* may
+        itself be such a view (``torch.compile(f)(y.view(32, 64))`` with ``y`` allocated [4, 8, 64]):
+        only the bound tensor shows it, so a contiguous one is copied here (a device copy, with the same
+        strides the kernel's spec expects) before the kernel runs."""
+        if self.spec.generator != "matmul":
+            return args
+        from .eager import walks_allocation_dims
+
+        inputs = {b.name for b in self.spec.buffers if b.role == "input"}
+
+        def copied(name: str, v: Any) -> Any:
+            if (name in inputs and isinstance(v, torch.Tensor) and v.device.type == "spyre" and v.is_contiguous()
+                    and not walks_allocation_dims(v)):
+                return v.clone()
+            return v
+
+        return {name: copied(name, v) for name, v in args.items()}
 
     def _symbol_values(self, args: dict[str, Any]) -> tuple[tuple[str, int], ...]:
         missing = [s for s in self.spec.symbols if s not in args]
