@@ -1,0 +1,298 @@
+"""The graph's layout plan: which stick dimension every buffer the wrapper allocates gets, and which
+weights are relayouted once to the layout their matmul wants.
+
+Built at wrapper codegen time from a plain description of the graph (:class:`Operand` uses of each
+whole-op kernel, :class:`BufferInfo` producers; ``wrapper.py`` reads them from Inductor) and nothing
+else: not the layouts of the graph's inputs (Inductor's FX graph cache key does not hold them, and the
+programs adapt to the bound tensors' placements at run time).
+
+Rules (each choice is recorded with its reason in the plan's :class:`KernelDecisions`):
+
+- **What consumers want.** Whole-op generators read a role best with one host dim sticked: the matmul
+  wants A sticked on K and B, bias and output on N (``codegen_matmul.preferred_view_dim``); attention
+  reads q/k/v/mask rows along the stick dim and the gather reads source rows of whole sticks (the last
+  view dim in both). Pointwise kernels read any layout.
+- **What producers can write.** A pointwise kernel writes any layout, so a buffer it produces gets the
+  stick dim its whole-op consumers agree on (none, or disagreeing consumers: the default, unit-stride
+  dim). Whole-op kernels write their output in a fixed layout (the matmul's sticked on N).
+- **Weights** (the graph's static inputs: parameters and buffers of the module, as AOTAutograd reports
+  them) read by whole-op kernels that all want one stick dim are relayouted in place at the first call
+  (:func:`ensure_weight_layout`); later calls find the layout right and do nothing. Only in inference
+  graphs: a training step's backward reads a weight W as B of ``grad @ W``, sticked the other way, and
+  the two graphs would relayout it back and forth on every step. A weight whose consumers disagree
+  (a tied embedding + lm_head: the gather wants rows sticked on D, the matmul wants N = V) keeps its
+  layout.
+- A buffer produced in a fixed layout and read by a matmul in the transposed form stays as it is: the
+  matmul transposes it in scratchpad (see docs/compiler.md, "Layout").
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .decisions import BufferDecision, KernelDecisions
+
+# Roles of the other whole-op generators that read rows along the stick dim (their last view dim):
+# codegen_attention (q/k/v/mask rows, head dim in sticks), codegen_gather (rows of whole sticks).
+_ROW_READERS = {"attention": ("query", "key", "value", "attn_mask"), "gather": ("source",)}
+# Producers that write any layout (the pointwise generator); the others write a fixed layout.
+FLEXIBLE_PRODUCERS = ("pointwise",)
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One operand of one whole-op kernel: the buffer it reads (or writes, role "out") and the view."""
+
+    kernel: str  # how the plan names the kernel: "the addmm writing buf3"
+    generator: str  # "matmul", "attention", "gather"
+    role: str
+    buffer: str
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BufferInfo:
+    """A buffer of the graph: its dense geometry and who writes it."""
+
+    name: str
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    producer: str  # "pointwise", "matmul", "attention", "gather", "weight", "input", "other"
+
+
+@dataclass
+class Choice:
+    buffer: str
+    stick_dim: int  # a dim of the buffer's dense host shape (outermost first)
+    host_shape: tuple[int, ...]
+    kind: str  # "allocate" (a buffer the wrapper allocates) or "weight" (relayouted once at run time)
+    reason: str
+
+
+@dataclass
+class LayoutPlan:
+    choices: dict[str, Choice] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def stick_dim(self, buffer: str) -> int | None:
+        c = self.choices.get(buffer)
+        return c.stick_dim if c is not None and c.kind == "allocate" else None
+
+    def weights(self) -> list[Choice]:
+        return [c for c in self.choices.values() if c.kind == "weight"]
+
+    def to_json(self) -> str:
+        return json.dumps({"choices": [asdict(c) for c in self.choices.values()], "notes": self.notes})
+
+    @classmethod
+    def from_json(cls, text: str) -> "LayoutPlan":
+        d = json.loads(text)
+        choices = {c["buffer"]: Choice(**{**c, "host_shape": tuple(c["host_shape"])}) for c in d["choices"]}
+        return cls(choices, list(d["notes"]))
+
+    def decisions(self, name: str) -> KernelDecisions:
+        """The plan as a decision record (one buffer line each, the reasons as notes)."""
+        d = KernelDecisions(name, "layout")
+        for c in self.choices.values():
+            role = "weight" if c.kind == "weight" else "intermediate"
+            d.buffers.append(BufferDecision(c.buffer, role, f"host {list(c.host_shape)} sticked on dim {c.stick_dim}"))
+            d.notes.append(f"{c.buffer}: {c.reason}")
+        d.notes += self.notes
+        return d
+
+
+# --- geometry ------------------------------------------------------------------------------------
+def dense_host_dims(size: tuple[int, ...], stride: tuple[int, ...]) -> list[tuple[int, int]] | None:
+    """The dense host shape of a buffer as (extent, stride) per host dim, outermost first (size-1 dims
+    dropped, as ``device.tensor.layout_for`` does); None for a buffer that is not dense."""
+    dims = sorted((d for d in range(len(size)) if size[d] != 1), key=lambda d: -stride[d])
+    expected = 1
+    for d in reversed(dims):
+        if stride[d] != expected:
+            return None
+        expected *= size[d]
+    return [(size[d], stride[d]) for d in dims]
+
+
+def host_dim_of(buffer: BufferInfo, view_size: int, view_stride: int) -> int | None:
+    """The host dim of ``buffer`` a view dim of this size and stride walks (None: broadcast or no match)."""
+    host = dense_host_dims(buffer.size, buffer.stride)
+    if host is None or view_size <= 1 or view_stride == 0:
+        return None
+    match = [h for h, (n, st) in enumerate(host) if st == view_stride and n > 1]
+    return match[0] if match else None
+
+
+def _preferred_view_dim(generator: str, role: str) -> int | None:
+    if generator == "matmul":
+        from .codegen_matmul import preferred_view_dim
+
+        return preferred_view_dim(role)
+    return -1 if role in _ROW_READERS.get(generator, ()) else None
+
+
+def _role_name(op: Operand) -> str:
+    what = {"a": "A (K)", "b": "B (N)", "bias": "bias (N)", "residual": "residual (N)", "out": "output (N)"}
+    return what.get(op.role, op.role) if op.generator == "matmul" else op.role
+
+
+# --- the plan --------------------------------------------------------------------------------------
+def wanted_stick_dims(buffer: BufferInfo, operands: list[Operand]) -> dict[int, list[str]]:
+    """Host dim -> the consumers (kernel and role) that want ``buffer`` sticked on it."""
+    wants: dict[int, list[str]] = {}
+    for op in operands:
+        if op.buffer != buffer.name or op.role == "out":
+            continue
+        vd = _preferred_view_dim(op.generator, op.role)
+        if vd is None or not op.size:
+            continue
+        h = host_dim_of(buffer, op.size[vd], op.stride[vd])
+        if h is not None:
+            wants.setdefault(h, []).append(f"{op.kernel}'s {_role_name(op)}")
+    return wants
+
+
+def plan_layouts(buffers: list[BufferInfo], operands: list[Operand], inference: bool) -> LayoutPlan:
+    """The layout plan of one graph (see the module docstring for the rules)."""
+    plan = LayoutPlan()
+    for b in buffers:
+        host = dense_host_dims(b.size, b.stride)
+        wants = wanted_stick_dims(b, operands) if host is not None else {}
+        if not wants or b.producer == "input":
+            continue
+        shape = tuple(n for n, _ in host)
+        default = len(shape) - 1
+        if b.producer not in (*FLEXIBLE_PRODUCERS, "weight"):
+            for dim, who in wants.items():
+                if dim != default:
+                    plan.notes.append(f"{b.name} (written sticked on dim {default} by its {b.producer} producer) is "
+                                      f"read by {', '.join(who)} wanting dim {dim}: the consumer transposes it in "
+                                      "scratchpad (no relayout kernel)")
+            continue
+        if len(wants) > 1:
+            plan.notes.append(f"{b.name}: consumers disagree ({_describe(wants)}); keeps its layout")
+            continue
+        (dim, who), = wants.items()
+        if b.producer == "weight":
+            if len(shape) < 2:
+                continue  # one dim: one possible layout
+            if not inference:
+                plan.notes.append(f"{b.name} (weight): {', '.join(who)} want it sticked on dim {dim}; kept as it is "
+                                  "in a training graph (the backward reads it sticked the other way)")
+                continue
+            plan.choices[b.name] = Choice(b.name, dim, shape, "weight",
+                                          f"sticked on dim {dim} for {', '.join(who)} (a weight: relayouted in "
+                                          "place at the first call if it is not)")
+        elif dim != default:
+            plan.choices[b.name] = Choice(b.name, dim, shape, "allocate",
+                                          f"sticked on dim {dim} for {', '.join(who)} (its pointwise producer "
+                                          "writes any layout)")
+    return plan
+
+
+def _describe(wants: dict[int, list[str]]) -> str:
+    return "; ".join(f"dim {d}: {', '.join(who)}" for d, who in sorted(wants.items()))
+
+
+# --- run time ----------------------------------------------------------------------------------------
+_stats: Counter[str] = Counter()
+_stats_lock = threading.Lock()
+_dumped: set[str] = set()
+_CLAIM = "weight_layout_for"  # Allocation.meta key: (stick dim, why) of the first kernel that set a weight's layout
+
+
+def layout_stats() -> dict[str, int]:
+    """``weight_relayouts``: weights relayouted in place; ``weights_kept``: calls that left a weight as it
+    is (a view of a larger storage, a new layout that would not fit its allocation, or a storage that an
+    earlier kernel already wants sticked otherwise, e.g. a tied embedding + lm_head)."""
+    with _stats_lock:
+        return dict(_stats)
+
+
+def reset_layout_stats() -> None:
+    with _stats_lock:
+        _stats.clear()
+
+
+def _count(key: str) -> None:
+    with _stats_lock:
+        _stats[key] += 1
+
+
+def ensure_weight_layout(t: Any, stick_dim: int, host_shape: tuple[int, ...], reason: str) -> None:
+    """Called by the generated wrapper before the kernels: relayout weight ``t`` in place so that dim
+    ``stick_dim`` of its dense host shape ``host_shape`` is sticked, unless it already is (the cheap check
+    every later call makes). A weight that is a view of a larger storage, or whose new layout would need
+    more device bytes than its allocation has, keeps its layout (the kernels read it as it lies)."""
+    from ..card.layout import StickLayout
+    from ..device import storage, tensor
+    from . import debug
+    from .relayout import relayout_in_place
+
+    alloc = storage.allocation_of(t)
+    if alloc is None:
+        return
+    layout = alloc.meta["layout"]
+    if layout.host_shape == tuple(host_shape) and layout.stick_dim == stick_dim:
+        alloc.meta.setdefault(_CLAIM, (stick_dim, reason))
+        return
+    claim = alloc.meta.get(_CLAIM)
+    if claim is not None and claim[0] != stick_dim:
+        # Another kernel (this graph, through an aliased input, or another graph) wants this storage
+        # sticked otherwise and had it first: relayouting would ping-pong on every call.
+        _count("weights_kept")
+        return
+    if layout.host_shape != tuple(host_shape) or not tensor.get_layout(t).is_whole:
+        _count("weights_kept")  # a view of a larger storage: relayouting it would move other tensors' sticks
+        return
+    if StickLayout(layout.host_shape, stick_dim, layout.device_dtype).nbytes > alloc.nbytes:
+        _count("weights_kept")
+        return
+    record = relayout_in_place(t, stick_dim, reason)
+    alloc.meta[_CLAIM] = (stick_dim, reason)
+    _count("weight_relayouts")
+    if record is not None and debug.enabled():
+        _dump_weight_relayout(t, layout, stick_dim, reason, record)
+
+
+def _dump_weight_relayout(t: Any, old: Any, stick_dim: int, reason: str, record: Any) -> None:
+    """The relayout program's debug files, with why it ran (``TORCH_SPYRE_DEBUG=1``)."""
+    from ..device import storage
+    from ..program import Program
+    from . import debug
+    from .relayout import _prepared_relayout
+
+    new = storage.allocation_of(t).meta["layout"]
+    program = _prepared_relayout(t.device.index or 0, old, new).program
+    meta = dict(program.metadata)
+    d = dict(meta.get("decisions", {}))
+    d["notes"] = list(d.get("notes", [])) + [f"weight {list(t.shape)} relayouted in place: {reason}",
+                                             f"simulated {round((record.end - record.start) * 1e6, 2)} us once "
+                                             "(+ the copy back into its allocation)"]
+    meta["decisions"] = d
+    debug.dump_kernel(None, Program(program.name, program.operands, program.cores, meta))
+
+
+def note_plan(name: str, plan_json: str) -> None:
+    """Called once when a generated wrapper module loads: writes the plan's decisions
+    (``<name>.decisions.txt``) when ``TORCH_SPYRE_DEBUG=1``."""
+    import os
+
+    from . import debug
+
+    if not debug.enabled() or name in _dumped:
+        return
+    _dumped.add(name)
+    out = debug.debug_dir()
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{name}.decisions.txt"), "w") as f:
+        f.write(LayoutPlan.from_json(plan_json).decisions(name).format() + "\n")
+
+
+__all__ = ["BufferInfo", "Choice", "LayoutPlan", "Operand", "ensure_weight_layout", "layout_stats", "note_plan",
+           "plan_layouts", "reset_layout_stats"]
