@@ -67,7 +67,8 @@ def test_plan_pointwise_producer_writes_the_consumers_layout():
 def test_plan_leaves_graph_inputs_and_fixed_producers_alone():
     assert plan_layouts(*_linear_graph("input"), inference=True).choices == {}
     plan = plan_layouts(*_linear_graph("matmul"), inference=True)
-    assert plan.choices == {} and any("transposes it in scratchpad" in n for n in plan.notes)
+    assert plan.choices == {} and any("kept as its matmul producer writes it: in-kernel handling costs" in n
+                                      for n in plan.notes)
 
 
 def test_plan_disagreeing_consumers_keep_the_layout():
@@ -149,6 +150,43 @@ def test_producer_writes_the_layout_its_matmul_consumer_wants():
     # against the values the card holds (DLFloat16): K=256 sums of randn products would otherwise
     # carry the inputs' rounding into results near 0
     torch.testing.assert_close(out.cpu().float(), fn(xs.cpu().float(), ws.cpu().float()), **F16)
+
+
+def _transposed_matmul_chain(x, w, v):
+    y = x @ w  # [M, N], written sticked on N (its last dim)
+    return y.t() @ v  # A = y^T: K = M, so the consumer wants y sticked on its rows
+
+
+def test_fixed_producer_keeps_in_kernel_handling_when_the_timing_model_says_so():
+    """On the card the A transpose hides behind the PE arrays: far cheaper than a relayout kernel."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(7)
+    xs, ws, vs = ((torch.randn(*s) / 4).half().to("spyre") for s in ((256, 128), (128, 256), (256, 128)))
+    fresh()
+    out, (code,) = run_and_get_code(torch.compile(_transposed_matmul_chain, dynamic=False), xs, ws, vs)
+    assert "relayout_buffer(buf0" not in code
+    assert "kept as its matmul producer writes it: in-kernel handling costs" in code
+    ref = _transposed_matmul_chain(xs.cpu().float(), ws.cpu().float(), vs.cpu().float())
+    torch.testing.assert_close(out.cpu().float(), ref, **F16)
+
+
+def test_relayout_is_inserted_where_it_is_priced_cheaper(monkeypatch):
+    """The insertion itself (generated code, run time, values), with the relayout priced at 0 s."""
+    from torch._inductor.utils import run_and_get_code
+
+    monkeypatch.setattr(lp.Costs, "relayout_s", lambda self, *args: 0.0)
+    monkeypatch.setattr(lp.Costs, "matmul_saving_s", lambda self, *args: 1e-6)
+    torch.manual_seed(8)
+    xs, ws, vs = ((torch.randn(*s) / 4).half().to("spyre") for s in ((256, 128), (128, 192), (256, 128)))
+    fresh()
+    lp.reset_layout_stats()
+    out, (code,) = run_and_get_code(torch.compile(_transposed_matmul_chain, dynamic=False), xs, ws, vs)
+    assert "buf0 = relayout_buffer(buf0, 0); buf1 = empty_spyre(" in code
+    assert "relayout inserted (from dim 1, as its matmul producer writes it) to be sticked on dim 0" in code
+    assert lp.layout_stats() == {"relayout_kernels": 1}
+    ref = _transposed_matmul_chain(xs.cpu().float(), ws.cpu().float(), vs.cpu().float())
+    torch.testing.assert_close(out.cpu().float(), ref, **F16)
 
 
 class _TiedLM(torch.nn.Module):

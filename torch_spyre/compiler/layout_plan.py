@@ -63,6 +63,8 @@ class BufferInfo:
     size: tuple[int, ...]
     stride: tuple[int, ...]
     producer: str  # "pointwise", "matmul", "attention", "gather", "weight", "input", "other"
+    device_dtype: str = "dlfloat16"
+    mutated: bool = False  # written again after its producer (a relayouted copy would miss the write)
 
 
 @dataclass
@@ -70,8 +72,12 @@ class Choice:
     buffer: str
     stick_dim: int  # a dim of the buffer's dense host shape (outermost first)
     host_shape: tuple[int, ...]
-    kind: str  # "allocate" (a buffer the wrapper allocates) or "weight" (relayouted once at run time)
+    # "allocate": a buffer the wrapper allocates in this layout; "weight": relayouted in place once at run
+    # time; "relayout": a relayout kernel runs right before the kernel writing ``before`` and the buffer's
+    # name is bound to the relayouted tensor from then on
+    kind: str
     reason: str
+    before: str = ""
 
 
 @dataclass
@@ -85,6 +91,15 @@ class LayoutPlan:
 
     def weights(self) -> list[Choice]:
         return [c for c in self.choices.values() if c.kind == "weight"]
+
+    def relayouts_before(self, buffer: str) -> list[Choice]:
+        """The relayouts to run right before the kernel that writes ``buffer``."""
+        return [c for c in self.choices.values() if c.kind == "relayout" and c.before == buffer]
+
+    def reusable(self, buffer: str) -> bool:
+        """False for buffers a relayout rebinds or that a relayout must precede (they get their own
+        allocation line, so that the relayout has one place in the generated code)."""
+        return not any(c.kind == "relayout" and buffer in (c.buffer, c.before) for c in self.choices.values())
 
     def to_json(self) -> str:
         return json.dumps({"choices": [asdict(c) for c in self.choices.values()], "notes": self.notes})
@@ -157,9 +172,12 @@ def wanted_stick_dims(buffer: BufferInfo, operands: list[Operand]) -> dict[int, 
     return wants
 
 
-def plan_layouts(buffers: list[BufferInfo], operands: list[Operand], inference: bool) -> LayoutPlan:
-    """The layout plan of one graph (see the module docstring for the rules)."""
+def plan_layouts(buffers: list[BufferInfo], operands: list[Operand], inference: bool,
+                 costs: "Costs | None" = None) -> LayoutPlan:
+    """The layout plan of one graph (see the module docstring for the rules). ``costs`` prices a relayout
+    against the consumers' in-kernel handling (default: the card's timing model on the programs)."""
     plan = LayoutPlan()
+    by_name = {b.name: b for b in buffers}
     for b in buffers:
         host = dense_host_dims(b.size, b.stride)
         wants = wanted_stick_dims(b, operands) if host is not None else {}
@@ -168,11 +186,7 @@ def plan_layouts(buffers: list[BufferInfo], operands: list[Operand], inference: 
         shape = tuple(n for n, _ in host)
         default = len(shape) - 1
         if b.producer not in (*FLEXIBLE_PRODUCERS, "weight"):
-            for dim, who in wants.items():
-                if dim != default:
-                    plan.notes.append(f"{b.name} (written sticked on dim {default} by its {b.producer} producer) is "
-                                      f"read by {', '.join(who)} wanting dim {dim}: the consumer transposes it in "
-                                      "scratchpad (no relayout kernel)")
+            _fixed_producer(plan, b, shape, wants, operands, by_name, costs)
             continue
         if len(wants) > 1:
             plan.notes.append(f"{b.name}: consumers disagree ({_describe(wants)}); keeps its layout")
@@ -193,6 +207,116 @@ def plan_layouts(buffers: list[BufferInfo], operands: list[Operand], inference: 
                                           f"sticked on dim {dim} for {', '.join(who)} (its pointwise producer "
                                           "writes any layout)")
     return plan
+
+
+def _fixed_producer(plan: LayoutPlan, b: BufferInfo, shape: tuple[int, ...], wants: dict[int, list[str]],
+                    operands: list[Operand], by_name: dict[str, BufferInfo], costs: "Costs | None") -> None:
+    """A buffer its producer writes in a fixed layout (sticked on its last dim): when whole-op consumers
+    want another stick dim, a relayout kernel before the first of them, or their in-kernel handling,
+    whichever the card's timing model finds cheaper."""
+    default = len(shape) - 1
+    other = {d: who for d, who in wants.items() if d != default}
+    if not other:
+        return
+    if len(wants) > 1:
+        plan.notes.append(f"{b.name}: consumers disagree ({_describe(wants)}); keeps its producer's layout")
+        return
+    (dim, who), = other.items()
+    readers = [op for op in operands if op.buffer == b.name and op.role != "out"]
+    if list(b.stride) != _row_major(b.size):
+        plan.notes.append(f"{b.name} is read by {', '.join(who)} wanting dim {dim}; kept as its {b.producer} producer "
+                          "writes it (not row-major: a relayouted copy would change its strides)")
+        return
+    if b.mutated or any(op.generator != "matmul" for op in readers if _preferred_view_dim(op.generator, op.role) is not None):
+        plan.notes.append(f"{b.name} is read by {', '.join(who)} wanting dim {dim}; kept as its {b.producer} producer "
+                          "writes it (mutated later, or read by a kernel the plan cannot price)")
+        return
+    costs = costs or Costs()
+    try:
+        in_kernel = sum(costs.matmul_saving_s(op.kernel, b.name, dim, operands, by_name) for op in readers
+                        if op.generator == "matmul")
+        relayout = costs.relayout_s(shape, b.device_dtype, default, dim)
+    except Exception as e:  # noqa: BLE001 - a consumer the generators refuse: they will say so at run time
+        plan.notes.append(f"{b.name}: no relayout priced ({type(e).__name__}: {e})")
+        return
+    first = next(op for op in operands if op.kernel == readers[0].kernel and op.role == "out").buffer
+    figures = (f"in-kernel handling costs {in_kernel * 1e6:.2f} us per call, a relayout kernel "
+               f"{relayout * 1e6:.2f} us (card timing model)")
+    if in_kernel > relayout:
+        plan.choices[b.name] = Choice(b.name, dim, shape, "relayout",
+                                      f"relayout inserted (from dim {default}, as its {b.producer} producer writes it) "
+                                      f"to be sticked on dim {dim} for {', '.join(who)}: {figures}", before=first)
+    else:
+        plan.notes.append(f"{b.name} is read by {', '.join(who)} wanting dim {dim}; kept as its {b.producer} producer "
+                          f"writes it: {figures}")
+
+
+class Costs:
+    """Prices for the plan, from the card's timing model on the programs the generators would emit
+    (the matmul's analytic estimate does not see the in-scratchpad transposes it hides behind the PE
+    arrays). Programs are cached per shape and layouts."""
+
+    def __init__(self, config: Any = None):
+        if config is None:
+            from ..device import cards
+
+            config = cards.config()
+        self.config = config
+        self._times: dict[tuple, float] = {}
+
+    def _timed(self, key: tuple, make: Any) -> float:
+        if key not in self._times:
+            from ..card.timing import time_program
+
+            self._times[key] = time_program(make(), self.config).total_s
+        return self._times[key]
+
+    def relayout_s(self, shape: tuple[int, ...], device_dtype: str, src_dim: int, dst_dim: int) -> float:
+        from ..card.layout import StickLayout
+        from .relayout import relayout_program
+
+        src, dst = StickLayout(shape, src_dim, device_dtype), StickLayout(shape, dst_dim, device_dtype)
+        return self._timed(("relayout", src, dst), lambda: relayout_program(src, dst, self.config))
+
+    def matmul_saving_s(self, kernel: str, buffer: str, dim: int, operands: list[Operand],
+                        buffers: dict[str, BufferInfo]) -> float:
+        """Simulated seconds the matmul ``kernel`` saves per call when ``buffer`` is sticked on ``dim``
+        instead of its last dim (every other operand in its default layout)."""
+        as_is, relaid = (self._matmul_spec(kernel, operands, buffers, {buffer: d}) for d in (None, dim))
+        return self._matmul_s(as_is) - self._matmul_s(relaid)
+
+    def _matmul_s(self, spec: Any) -> float:
+        from .codegen_matmul import build_matmul
+
+        key = ("matmul", spec.a, spec.b, spec.out, spec.bias)
+        return self._timed(key, lambda: build_matmul(spec, self.config)[0])
+
+    @staticmethod
+    def _matmul_spec(kernel: str, operands: list[Operand], buffers: dict[str, BufferInfo],
+                     sticks: dict[str, int | None]) -> Any:
+        from ..card.layout import StickLayout
+        from . import codegen_matmul as mm
+
+        views = {}
+        for op in operands:
+            if op.kernel != kernel:
+                continue
+            b = buffers[op.buffer]
+            shape = tuple(n for n, _ in dense_host_dims(b.size, b.stride))
+            stick = sticks.get(op.buffer)
+            layout = StickLayout(shape, len(shape) - 1 if stick is None else stick, b.device_dtype)
+            views[op.role] = mm.TensorView(op.role, layout, op.size, op.stride, 0)
+        kind = ("addmm" if len(views["out"].shape) == 2 else "baddbmm") if "bias" in views else \
+            ("mm" if len(views["out"].shape) == 2 else "bmm")
+        return mm.MatmulSpec(views["a"], views["b"], views["out"], views.get("bias"), kind=kind, name=kernel)
+
+
+def _row_major(size: tuple[int, ...]) -> list[int]:
+    out, acc = [], 1
+    for n in reversed(size):
+        out.append(acc)
+        acc *= n
+    return out[::-1]
 
 
 def _describe(wants: dict[int, list[str]]) -> str:
@@ -278,6 +402,15 @@ def _dump_weight_relayout(t: Any, old: Any, stick_dim: int, reason: str, record:
     debug.dump_kernel(None, Program(program.name, program.operands, program.cores, meta))
 
 
+def relayout_buffer(t: Any, stick_dim: int) -> Any:
+    """Called by the generated wrapper where the plan inserted a relayout: ``t``'s values in a new
+    allocation sticked on ``stick_dim`` (the relayout program, timed on the current stream)."""
+    from .relayout import relayout
+
+    _count("relayout_kernels")
+    return relayout(t, stick_dim)
+
+
 def note_plan(name: str, plan_json: str) -> None:
     """Called once when a generated wrapper module loads: writes the plan's decisions
     (``<name>.decisions.txt``) when ``TORCH_SPYRE_DEBUG=1``."""
@@ -294,5 +427,5 @@ def note_plan(name: str, plan_json: str) -> None:
         f.write(LayoutPlan.from_json(plan_json).decisions(name).format() + "\n")
 
 
-__all__ = ["BufferInfo", "Choice", "LayoutPlan", "Operand", "ensure_weight_layout", "layout_stats", "note_plan",
-           "plan_layouts", "reset_layout_stats"]
+__all__ = ["BufferInfo", "Choice", "Costs", "LayoutPlan", "Operand", "ensure_weight_layout", "layout_stats",
+           "note_plan", "plan_layouts", "relayout_buffer", "reset_layout_stats"]

@@ -61,10 +61,8 @@ def relayout_program(src: StickLayout, dst: StickLayout, config: Any, name: str 
 
 def relayout(t: Any, stick_dim: int) -> Any:
     """A new spyre tensor with ``t``'s values (contiguous) whose allocation is sticked on ``stick_dim``."""
-    import torch
-
-    from ..device import cards, storage, tensor
-    from ..runtime.launch import launch, prepare
+    from ..device import storage, tensor
+    from ..runtime.launch import launch
 
     if t.device.type != "spyre":
         raise RelayoutError(f"relayout expects a spyre tensor, got one on {t.device}")
@@ -80,9 +78,7 @@ def relayout(t: Any, stick_dim: int) -> Any:
     if src_layout == dst_layout:
         out.copy_(t)
         return out
-    c = cards.card(card)
-    prepared = prepare(relayout_program(src_layout, dst_layout, c.config), c)
-    launch(prepared, {"src": src_alloc, "dst": storage.allocation_of(out)})
+    launch(_prepared_relayout(card, src_layout, dst_layout), {"src": src_alloc, "dst": storage.allocation_of(out)})
     return out
 
 

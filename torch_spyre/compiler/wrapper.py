@@ -313,7 +313,8 @@ def _make_wrapper_class():
 
             text = plan.to_json()
             name = "spyre_layout_plan_" + hashlib.sha256(text.encode()).hexdigest()[:12]
-            self.imports.writeline("from torch_spyre.compiler.layout_plan import ensure_weight_layout, note_plan")
+            self.imports.writeline("from torch_spyre.compiler.layout_plan import ensure_weight_layout, note_plan, "
+                                   "relayout_buffer")
             self.header.writeline(f"note_plan({name!r}, {text!r})  # the graph's layout plan")
             for c in plan.weights():
                 self.prefix.writeline(f"ensure_weight_layout({c.buffer}, {c.stick_dim}, {tuple(c.host_shape)}, "
@@ -330,10 +331,19 @@ def _make_wrapper_class():
             stick = self.layout_plan.stick_dim(name)
             if stick is not None:
                 why = self.layout_plan.choices[name].reason
-                return (f"{name} = empty_spyre({size_t}, {stride_t}, {dtype}, {device.index or 0}, stick_dim={stick})"
-                        f"  # {why}")
-            comment = _layout_comment(shape, stride, dtype)
-            return f"{name} = empty_spyre({size_t}, {stride_t}, {dtype}, {device.index or 0}){comment}"
+                line = (f"{name} = empty_spyre({size_t}, {stride_t}, {dtype}, {device.index or 0}, "
+                        f"stick_dim={stick})  # {why}")
+            else:
+                comment = _layout_comment(shape, stride, dtype)
+                line = f"{name} = empty_spyre({size_t}, {stride_t}, {dtype}, {device.index or 0}){comment}"
+            return "; ".join([*self._relayouts_before(name), line]) if self.layout_plan.relayouts_before(name) else line
+
+        def _relayouts_before(self, name: str) -> list[str]:
+            """The relayout kernels the plan runs right before the kernel writing ``name`` (its producers
+            have run by the time that kernel's output is allocated); the relayouted tensor takes the
+            buffer's name, so every later kernel reads it."""
+            return [f"{c.buffer} = relayout_buffer({c.buffer}, {c.stick_dim})"
+                    for c in self.layout_plan.relayouts_before(name)]
 
         def make_buffer_reuse(self, old, new, delete_old: bool):
             """Inductor reuses a dead buffer of the same byte size; on the card that is only right when the
@@ -343,7 +353,8 @@ def _make_wrapper_class():
 
             device = new.get_device()
             plan = self.layout_plan
-            if device is None or device.type != "spyre" or _same_stick_layout(old, new, plan):
+            keep = plan.reusable(old.get_name()) and plan.reusable(new.get_name())
+            if device is None or device.type != "spyre" or (keep and _same_stick_layout(old, new, plan)):
                 return super().make_buffer_reuse(old, new, delete_old)
             alloc = self.make_allocation(new.get_name(), device, new.get_dtype(), new.get_size(), new.get_stride())
             if delete_old and old.get_name() not in V.graph.get_output_names():
@@ -445,16 +456,21 @@ def _graph_buffers() -> list[Any]:
 
     from .layout_plan import BufferInfo
 
+    from ..device.dtypes import device_dtype
+
     weights = _static_input_names()
+    mutated = set(V.graph.mutated_buffers)
     out = []
     for name, box in V.graph.graph_inputs.items():
         if isinstance(box, ir.TensorBox) and _on_spyre(box):
-            out.append(BufferInfo(name, *_static_geometry(box), "weight" if name in weights else "input"))
+            out.append(BufferInfo(name, *_static_geometry(box), "weight" if name in weights else "input",
+                                  device_dtype(box.get_dtype()), name in mutated))
     for op in V.graph.operations:
         if not isinstance(op, ir.Buffer) or not _on_spyre(op):
             continue
         producer = getattr(op, "spyre_generator", None) or ("pointwise" if isinstance(op, ir.ComputedBuffer) else "other")
-        out.append(BufferInfo(op.get_name(), *_static_geometry(op), producer))
+        out.append(BufferInfo(op.get_name(), *_static_geometry(op), producer, device_dtype(op.get_dtype()),
+                              op.get_name() in mutated))
     return out
 
 
