@@ -261,5 +261,25 @@ def test_ensure_weight_layout_keeps_a_weight_whose_new_layout_does_not_fit():
     assert _stick_dim(w) == 1 and lp.layout_stats() == {"weights_kept": 1}
 
 
+def test_ensure_weight_layout_refuses_a_host_tensor():
+    from torch_spyre.compiler.relayout import RelayoutError
+
+    with pytest.raises(RelayoutError, match="expects a spyre tensor, got one on cpu"):
+        lp.ensure_weight_layout(torch.zeros(8, 8), 0, (8, 8), "test")
+
+
+def test_eager_ops_leave_their_arguments_layouts_alone(monkeypatch):
+    """Single-op programs (TORCH_SPYRE_EAGER=compile) have no static inputs: a user's tensor is not a weight."""
+    monkeypatch.setenv("TORCH_SPYRE_EAGER", "compile")
+    lp.reset_layout_stats()
+    torch_spyre.reset_fallback_stats()
+    x, w, b = torch.randn(64, 128).half(), torch.randn(256, 128).half(), torch.randn(256).half()
+    ws = w.to("spyre")
+    out = torch.addmm(b.to("spyre"), x.to("spyre"), ws.t())
+    assert torch_spyre.fallback_stats().compiled  # it ran as a program
+    assert lp.layout_stats() == {} and _stick_dim(ws) == 1
+    torch.testing.assert_close(out.cpu().float(), torch.addmm(b.float(), x.float(), w.float().t()), **F16)
+
+
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__, "-q"])

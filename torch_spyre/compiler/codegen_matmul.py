@@ -1306,17 +1306,6 @@ def preferred_view_dim(role: str) -> int | None:
     return -1 if role in ("a", "b", "out", "bias", "residual") else None
 
 
-def preferred_layout_saving_s(spec: MatmulSpec, config: CardConfig, name: str) -> float:
-    """Seconds per call the cost model's best plan saves when buffer ``name`` has the layout
-    :func:`preferred_layouts` names instead of the one in ``spec`` (0 when it already has it)."""
-    pref = preferred_layouts(spec).get(name)
-    views = {"a": spec.a, "b": spec.b, "out": spec.out, "bias": spec.bias, "residual": spec.residual}
-    if pref is None or all(v is None or v.name != name or v.layout == pref for v in views.values()):
-        return 0.0
-    straight = replace(spec, **{r: replace(v, layout=pref) for r, v in views.items() if v is not None and v.name == name})
-    return rank_plans(spec, config, top=1)[0].est.total_s - rank_plans(straight, config, top=1)[0].est.total_s
-
-
 def _layout_with_stick(view: TensorView, view_dim: int) -> StickLayout:
     """The view's buffer sticked on the host dim that ``view_dim`` walks."""
     lay, stride = view.layout, view.strides[view_dim]

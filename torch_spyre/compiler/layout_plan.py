@@ -22,8 +22,13 @@ Rules (each choice is recorded with its reason in the plan's :class:`KernelDecis
   the two graphs would relayout it back and forth on every step. A weight whose consumers disagree
   (a tied embedding + lm_head: the gather wants rows sticked on D, the matmul wants N = V) keeps its
   layout.
-- A buffer produced in a fixed layout and read by a matmul in the transposed form stays as it is: the
-  matmul transposes it in scratchpad (see docs/compiler.md, "Layout").
+  The in-kernel transpose of a K-sticked B only ever adds vector work per call (card timing model:
+  +0.15 to +1.31 us per call at MiniLM's shapes, 0 to +0.05 us at 4096 rows or 512x4096x2048), while
+  the relayout runs once; pricing every weight with the timing model at compile time would cost 7-64 s
+  of host time per shape, so weights are not priced per compile (docs/compiler.md, "Layout").
+- A buffer produced in a fixed layout and read by a matmul that wants another stick dim gets a relayout
+  kernel before its first reader only when the card's timing model prices the relayout below the
+  readers' in-kernel handling (:class:`Costs`; both figures are recorded either way).
 """
 
 from __future__ import annotations
@@ -201,7 +206,7 @@ def plan_layouts(buffers: list[BufferInfo], operands: list[Operand], inference: 
                 continue
             plan.choices[b.name] = Choice(b.name, dim, shape, "weight",
                                           f"sticked on dim {dim} for {', '.join(who)} (a weight: relayouted in "
-                                          "place at the first call if it is not)")
+                                          "place once, at the first call, if it is not; read every call)")
         elif dim != default:
             plan.choices[b.name] = Choice(b.name, dim, shape, "allocate",
                                           f"sticked on dim {dim} for {', '.join(who)} (its pointwise producer "
@@ -356,8 +361,11 @@ def ensure_weight_layout(t: Any, stick_dim: int, host_shape: tuple[int, ...], re
     from ..card.layout import StickLayout
     from ..device import storage, tensor
     from . import debug
-    from .relayout import relayout_in_place
+    from .relayout import RelayoutError, relayout_in_place
 
+    if t.device.type != "spyre":
+        raise RelayoutError(f"ensure_weight_layout expects a spyre tensor, got one on {t.device}: the graph was "
+                            "compiled for this input on a spyre device; move it there (module.to('spyre'))")
     alloc = storage.allocation_of(t)
     if alloc is None:
         return
