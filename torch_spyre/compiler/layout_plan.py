@@ -39,6 +39,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..program import row_major_strides
 from .decisions import BufferDecision, KernelDecisions
 
 # Roles of the other whole-op generators that read rows along the stick dim (their last view dim):
@@ -130,13 +131,10 @@ class LayoutPlan:
 def dense_host_dims(size: tuple[int, ...], stride: tuple[int, ...]) -> list[tuple[int, int]] | None:
     """The dense host shape of a buffer as (extent, stride) per host dim, outermost first (size-1 dims
     dropped, as ``device.tensor.layout_for`` does); None for a buffer that is not dense."""
-    dims = sorted((d for d in range(len(size)) if size[d] != 1), key=lambda d: -stride[d])
-    expected = 1
-    for d in reversed(dims):
-        if stride[d] != expected:
-            return None
-        expected *= size[d]
-    return [(size[d], stride[d]) for d in dims]
+    from ..device.tensor import _dense_order
+
+    order = _dense_order(size, stride)
+    return None if order is None else [(size[d], stride[d]) for d in order]
 
 
 def host_dim_of(buffer: BufferInfo, view_size: int, view_stride: int) -> int | None:
@@ -228,7 +226,7 @@ def _fixed_producer(plan: LayoutPlan, b: BufferInfo, shape: tuple[int, ...], wan
         return
     (dim, who), = other.items()
     readers = [op for op in operands if op.buffer == b.name and op.role != "out"]
-    if list(b.stride) != _row_major(b.size):
+    if tuple(b.stride) != tuple(row_major_strides(b.size)):
         plan.notes.append(f"{b.name} is read by {', '.join(who)} wanting dim {dim}; kept as its {b.producer} producer "
                           "writes it (not row-major: a relayouted copy would change its strides)")
         return
@@ -314,14 +312,6 @@ class Costs:
         kind = ("addmm" if len(views["out"].shape) == 2 else "baddbmm") if "bias" in views else \
             ("mm" if len(views["out"].shape) == 2 else "bmm")
         return mm.MatmulSpec(views["a"], views["b"], views["out"], views.get("bias"), kind=kind, name=kernel)
-
-
-def _row_major(size: tuple[int, ...]) -> list[int]:
-    out, acc = [], 1
-    for n in reversed(size):
-        out.append(acc)
-        acc *= n
-    return out[::-1]
 
 
 def _describe(wants: dict[int, list[str]]) -> str:
