@@ -224,7 +224,8 @@ def test_training_graph_keeps_weights_and_matches_cpu():
     lp.reset_layout_stats()
     out = torch.compile(lin, dynamic=False)(x)
     assert lin.weight.requires_grad and lp.layout_stats() == {} and _stick_dim(lin.weight) == 1
-    ref = torch.nn.functional.linear(x.cpu().float(), lin.weight.detach().cpu().float(), lin.bias.detach().cpu().float())
+    w, b = lin.weight.detach().cpu().float(), lin.bias.detach().cpu().float()
+    ref = torch.nn.functional.linear(x.cpu().float(), w, b)
     torch.testing.assert_close(out.detach().cpu().float(), ref, **F16)
 
 

@@ -230,7 +230,9 @@ def _fixed_producer(plan: LayoutPlan, b: BufferInfo, shape: tuple[int, ...], wan
         plan.notes.append(f"{b.name} is read by {', '.join(who)} wanting dim {dim}; kept as its {b.producer} producer "
                           "writes it (not row-major: a relayouted copy would change its strides)")
         return
-    if b.mutated or any(op.generator != "matmul" for op in readers if _preferred_view_dim(op.generator, op.role) is not None):
+    unpriced = [op for op in readers
+                if op.generator != "matmul" and _preferred_view_dim(op.generator, op.role) is not None]
+    if b.mutated or unpriced:
         plan.notes.append(f"{b.name} is read by {', '.join(who)} wanting dim {dim}; kept as its {b.producer} producer "
                           "writes it (mutated later, or read by a kernel the plan cannot price)")
         return

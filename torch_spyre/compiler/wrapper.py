@@ -454,9 +454,8 @@ def _graph_buffers() -> list[Any]:
     from torch._inductor import ir
     from torch._inductor.virtualized import V
 
-    from .layout_plan import BufferInfo
-
     from ..device.dtypes import device_dtype
+    from .layout_plan import BufferInfo
 
     weights = _static_input_names()
     mutated = set(V.graph.mutated_buffers)
@@ -468,7 +467,8 @@ def _graph_buffers() -> list[Any]:
     for op in V.graph.operations:
         if not isinstance(op, ir.Buffer) or not _on_spyre(op):
             continue
-        producer = getattr(op, "spyre_generator", None) or ("pointwise" if isinstance(op, ir.ComputedBuffer) else "other")
+        generated_here = "pointwise" if isinstance(op, ir.ComputedBuffer) else "other"
+        producer = getattr(op, "spyre_generator", None) or generated_here
         out.append(BufferInfo(op.get_name(), *_static_geometry(op), producer, device_dtype(op.get_dtype()),
                               op.get_name() in mutated))
     return out
