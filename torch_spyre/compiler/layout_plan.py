@@ -199,6 +199,8 @@ def plan_layouts(buffers: list[BufferInfo], operands: list[Operand], inference: 
             if len(shape) < 2:
                 continue  # one dim: one possible layout
             if not inference:
+                if dim == default:
+                    continue
                 plan.notes.append(f"{b.name} (weight): {', '.join(who)} want it sticked on dim {dim}; kept as it is "
                                   "in a training graph (the backward reads it sticked the other way)")
                 continue
