@@ -7,7 +7,8 @@ import torch
 
 import torch_spyre
 from torch_spyre.card import StickLayout, load_config
-from torch_spyre.compiler.relayout import RelayoutError, relayout, relayout_program
+from torch_spyre.compiler.relayout import RelayoutError, relayout, relayout_in_place, relayout_program
+from torch_spyre.device import storage, tensor
 from torch_spyre.program import DmaLoad
 
 
@@ -30,3 +31,34 @@ def test_relayout_program_reads_stick_blocks():
     assert loads and all(i.pattern.sticks >= 2 for i in loads)  # whole stick blocks, not single elements
     with pytest.raises(RelayoutError, match="keeps the host shape"):
         relayout_program(src, StickLayout((256, 128), 0, "dlfloat16"), load_config())
+
+
+def test_relayout_in_place_keeps_every_view():
+    torch_spyre.reset_fallback_stats()
+    xs = torch.randn(192, 128).half().to("spyre")
+    view = xs[5:70].t()
+    before, before_view = xs.cpu(), view.cpu()
+    record = relayout_in_place(xs, 0, "test")
+    assert record is not None and record.end > record.start  # the program took simulated time
+    assert torch_spyre.get_layout(xs).stick_layout.stick_dim == 0
+    assert torch.equal(xs.cpu(), before) and torch.equal(view.cpu(), before_view)
+    assert relayout_in_place(xs, 0) is None  # already sticked there: nothing runs
+    assert dict(torch_spyre.fallback_stats()) == {}
+
+
+def test_relayout_in_place_refuses_what_it_cannot_do():
+    with pytest.raises(RelayoutError, match="expects a spyre tensor"):
+        relayout_in_place(torch.zeros(4, 4), 0)
+    w = torch.randn(100, 128).half().to("spyre")  # sticked on dim 0, 100 rows pad to 128: more bytes
+    with pytest.raises(RelayoutError, match="needs 32768 device bytes, its allocation has 25600"):
+        relayout_in_place(w, 0)
+
+
+def test_replace_layout_checks_shape_and_size():
+    xs = torch.randn(64, 64).half().to("spyre")
+    alloc = storage.allocation_of(xs)
+    with pytest.raises(ValueError, match="keeps the host shape"):
+        tensor.replace_layout(alloc, StickLayout((32, 128), 0, "dlfloat16"), alloc)
+    small = torch.randn(100, 64).half().to("spyre")
+    with pytest.raises(ValueError, match="relayout into a new tensor instead"):
+        tensor.replace_layout(storage.allocation_of(small), StickLayout((100, 64), 0, "dlfloat16"), alloc)

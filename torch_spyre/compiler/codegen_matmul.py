@@ -1300,6 +1300,12 @@ def preferred_layouts(spec: MatmulSpec) -> dict[str, StickLayout]:
     return out
 
 
+def preferred_view_dim(role: str) -> int | None:
+    """The dim of a role's view whose host dim should be sticked (for the graph's layout plan): the last
+    one for every operand (A: K; B, the output, bias and residual: N); None for an unknown role."""
+    return -1 if role in ("a", "b", "out", "bias", "residual") else None
+
+
 def _layout_with_stick(view: TensorView, view_dim: int) -> StickLayout:
     """The view's buffer sticked on the host dim that ``view_dim`` walks."""
     lay, stride = view.layout, view.strides[view_dim]

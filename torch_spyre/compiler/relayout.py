@@ -61,10 +61,8 @@ def relayout_program(src: StickLayout, dst: StickLayout, config: Any, name: str 
 
 def relayout(t: Any, stick_dim: int) -> Any:
     """A new spyre tensor with ``t``'s values (contiguous) whose allocation is sticked on ``stick_dim``."""
-    import torch
-
-    from ..device import cards, storage, tensor
-    from ..runtime.launch import launch, prepare
+    from ..device import storage, tensor
+    from ..runtime.launch import launch
 
     if t.device.type != "spyre":
         raise RelayoutError(f"relayout expects a spyre tensor, got one on {t.device}")
@@ -80,10 +78,58 @@ def relayout(t: Any, stick_dim: int) -> Any:
     if src_layout == dst_layout:
         out.copy_(t)
         return out
-    c = cards.card(card)
-    prepared = prepare(relayout_program(src_layout, dst_layout, c.config), c)
-    launch(prepared, {"src": src_alloc, "dst": storage.allocation_of(out)})
+    launch(_prepared_relayout(card, src_layout, dst_layout), {"src": src_alloc, "dst": storage.allocation_of(out)})
     return out
 
 
-__all__ = ["RelayoutError", "relayout", "relayout_program", "relayout_spec"]
+# Prepared relayout programs by (card, source layout, destination layout): a weight is relayouted once,
+# but a model has many weights of one shape.
+_PREPARED: dict[tuple, Any] = {}
+
+
+def _prepared_relayout(card: int, src: StickLayout, dst: StickLayout) -> Any:
+    from ..device import cards
+    from ..runtime.launch import prepare
+
+    key = (card, src, dst)
+    if key not in _PREPARED:
+        c = cards.card(card)
+        name = f"spyre_relayout_{'x'.join(map(str, src.host_shape))}_d{src.stick_dim}_to_d{dst.stick_dim}"
+        _PREPARED[key] = prepare(relayout_program(src, dst, c.config, name), c)
+    return _PREPARED[key]
+
+
+def relayout_in_place(t: Any, stick_dim: int, reason: str = "") -> Any:
+    """Give the allocation under spyre tensor ``t`` the layout sticked on ``stick_dim`` (a dim of its host
+    element space), keeping the storage: every view of it, anywhere, reads the same values afterwards.
+
+    On the card: the relayout program copies the allocation into a scratch allocation in the new layout
+    (the program's simulated time), then the bytes come back into the original block (charged as a
+    device-to-device copy; a runtime that can repoint a storage would skip it). Returns the launch
+    record of the relayout program, or None when the layout already is the requested one."""
+    from ..device import copy, storage, tensor
+    from ..runtime import stream as rt
+    from ..runtime.launch import launch
+
+    if t.device.type != "spyre":
+        raise RelayoutError(f"relayout_in_place expects a spyre tensor, got one on {t.device}")
+    alloc = storage.allocation_of(t)
+    if alloc is None:
+        return None
+    src: StickLayout = alloc.meta["layout"]
+    dst = StickLayout(src.host_shape, stick_dim, src.device_dtype)
+    if dst == src:
+        return None
+    if dst.nbytes > alloc.nbytes:
+        raise RelayoutError(f"sticking {src.describe()} on dim {dst.stick_dim} needs {dst.nbytes} device bytes, "
+                            f"its allocation has {alloc.nbytes}: use relayout(t, {stick_dim}) for a new tensor")
+    card = t.device.index or 0
+    scratch = tensor.new_storage_tensor(card, alloc.meta["dtype"], dst)
+    record = launch(_prepared_relayout(card, src, dst), {"src": alloc, "dst": storage.allocation_of(scratch)})
+    tensor.replace_layout(alloc, dst, storage.allocation_of(scratch))
+    rt.current_stream(card).enqueue("relayout_copy_back", copy.d2d_seconds(dst.nbytes), kind="copy_d2d",
+                                     resource="compute", details={"bytes": dst.nbytes, "reason": reason})
+    return record
+
+
+__all__ = ["RelayoutError", "relayout", "relayout_in_place", "relayout_program", "relayout_spec"]

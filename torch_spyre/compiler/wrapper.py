@@ -407,6 +407,34 @@ def _make_wrapper_class():
             args = [f"{name}={ref}" for name, ref in refs.items()] + [f"{s}={s}" for s in spec.symbols]
             self.writeline(f"{spec.name}.run({', '.join(args)})")
 
+        # --- the layout plan (layout_plan.py) ------------------------------------------------------
+        @property
+        def layout_plan(self):
+            """The graph's layout plan, made once from the graph's operations (they all exist when the
+            wrapper is created; its prefix is written then)."""
+            plan = getattr(self, "_layout_plan", None)
+            if plan is None:
+                plan = self._layout_plan = _graph_layout_plan()
+            return plan
+
+        def codegen_inputs(self):
+            """After Inductor's input handling: relayout the weights the plan names, once (later calls
+            only check), and record the plan for ``TORCH_SPYRE_DEBUG``."""
+            super().codegen_inputs()
+            plan = self.layout_plan
+            if not plan.choices and not plan.notes:
+                return
+            import hashlib
+
+            text = plan.to_json()
+            name = "spyre_layout_plan_" + hashlib.sha256(text.encode()).hexdigest()[:12]
+            self.imports.writeline("from torch_spyre.compiler.layout_plan import ensure_weight_layout, note_plan, "
+                                   "relayout_buffer")
+            self.header.writeline(f"note_plan({name!r}, {text!r})  # the graph's layout plan")
+            for c in plan.weights():
+                self.prefix.writeline(f"ensure_weight_layout({c.buffer}, {c.stick_dim}, {tuple(c.host_shape)}, "
+                                      f"{c.reason!r})")
+
         # --- allocation with layouts -------------------------------------------------------------
         def make_allocation(self, name, device, dtype, shape, stride, allocation_shape=None, is_pinned=False):
             if device.type != "spyre":
@@ -415,8 +443,22 @@ def _make_wrapper_class():
                 return super().make_allocation(name, device, dtype, shape, stride, allocation_shape, is_pinned)
             size_t = self.codegen_python_shape_tuple(shape)
             stride_t = self.codegen_python_shape_tuple(stride)
-            comment = _layout_comment(shape, stride, dtype)
-            return f"{name} = empty_spyre({size_t}, {stride_t}, {dtype}, {device.index or 0}){comment}"
+            stick = self.layout_plan.stick_dim(name)
+            if stick is not None:
+                why = self.layout_plan.choices[name].reason
+                line = (f"{name} = empty_spyre({size_t}, {stride_t}, {dtype}, {device.index or 0}, "
+                        f"stick_dim={stick})  # {why}")
+            else:
+                comment = _layout_comment(shape, stride, dtype)
+                line = f"{name} = empty_spyre({size_t}, {stride_t}, {dtype}, {device.index or 0}){comment}"
+            return "; ".join([*self._relayouts_before(name), line]) if self.layout_plan.relayouts_before(name) else line
+
+        def _relayouts_before(self, name: str) -> list[str]:
+            """The relayout kernels the plan runs right before the kernel writing ``name`` (its producers
+            have run by the time that kernel's output is allocated); the relayouted tensor takes the
+            buffer's name, so every later kernel reads it."""
+            return [f"{c.buffer} = relayout_buffer({c.buffer}, {c.stick_dim})"
+                    for c in self.layout_plan.relayouts_before(name)]
 
         def make_buffer_reuse(self, old, new, delete_old: bool):
             """Inductor reuses a dead buffer of the same byte size; on the card that is only right when the
@@ -425,7 +467,9 @@ def _make_wrapper_class():
             from torch._inductor.virtualized import V
 
             device = new.get_device()
-            if device is None or device.type != "spyre" or _same_stick_layout(old, new):
+            plan = self.layout_plan
+            keep = plan.reusable(old.get_name()) and plan.reusable(new.get_name())
+            if device is None or device.type != "spyre" or (keep and _same_stick_layout(old, new, plan)):
                 return super().make_buffer_reuse(old, new, delete_old)
             alloc = self.make_allocation(new.get_name(), device, new.get_dtype(), new.get_size(), new.get_stride())
             if delete_old and old.get_name() not in V.graph.get_output_names():
@@ -500,7 +544,9 @@ def _is_static(values) -> bool:
     return all(isinstance(v, int) or getattr(v, "is_number", False) for v in values)
 
 
-def _same_stick_layout(old: Any, new: Any) -> bool:
+def _same_stick_layout(old: Any, new: Any, plan: Any = None) -> bool:
+    """Whether two buffers get the same stick layout (the default one, or the layout plan's stick dim)."""
+    from ..card.layout import StickLayout
     from ..device import tensor
 
     old_size, old_stride, new_size, new_stride = old.get_size(), old.get_stride(), new.get_size(), new.get_stride()
@@ -509,12 +555,93 @@ def _same_stick_layout(old: Any, new: Any) -> bool:
         return (old.get_dtype() == new.get_dtype() and list(old_size) == list(new_size)
                 and list(old_stride) == list(new_stride))
     try:
-        def layout(size, stride, dtype):
-            return tensor.layout_for([int(x) for x in size], [int(x) for x in stride], dtype)
+        def layout(b, size, stride):
+            base = tensor.layout_for([int(x) for x in size], [int(x) for x in stride], b.get_dtype())
+            stick = plan.stick_dim(b.get_name()) if plan is not None else None
+            return base if stick is None else StickLayout(base.host_shape, stick, base.device_dtype)
 
-        return layout(old_size, old_stride, old.get_dtype()) == layout(new_size, new_stride, new.get_dtype())
+        return layout(old, old_size, old_stride) == layout(new, new_size, new_stride)
     except Exception:  # noqa: BLE001 - a layout this cannot compute: do not reuse
         return False
+
+
+def _graph_layout_plan():
+    """The layout plan of the graph being compiled (``V.graph``): its whole-op kernels' operands, who
+    produces each buffer, which inputs are weights (AOTAutograd's static inputs: parameters and buffers
+    of the module). A graph with symbolic shapes gets an empty plan (the default layouts)."""
+    from torch._inductor.virtualized import V
+
+    from . import layout_plan as lp
+
+    try:
+        buffers, operands = _graph_buffers(), _graph_operands()
+    except (TypeError, ValueError, AttributeError, NotImplementedError):  # symbolic sizes and the like
+        return lp.LayoutPlan(notes=["no layout plan: the graph's sizes are not static"])
+    return lp.plan_layouts(buffers, operands, inference=bool(getattr(V.graph, "is_inference", False)))
+
+
+def _static_input_names() -> set[str]:
+    import torch._guards
+    from torch._inductor.virtualized import V
+
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    names = list(V.graph.graph_input_names)
+    idxs = getattr(meta, "static_input_indices", None) or ()
+    return {names[i] for i in idxs if i < len(names)}
+
+
+def _static_geometry(node: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    layout = node.get_layout()
+    return tuple(int(x) for x in layout.size), tuple(int(x) for x in layout.stride)
+
+
+def _graph_buffers() -> list[Any]:
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V
+
+    from ..device.dtypes import device_dtype
+    from .layout_plan import BufferInfo
+
+    weights = _static_input_names()
+    mutated = set(V.graph.mutated_buffers)
+    out = []
+    for name, box in V.graph.graph_inputs.items():
+        if isinstance(box, ir.TensorBox) and _on_spyre(box):
+            out.append(BufferInfo(name, *_static_geometry(box), "weight" if name in weights else "input",
+                                  device_dtype(box.get_dtype()), name in mutated))
+    for op in V.graph.operations:
+        if not isinstance(op, ir.Buffer) or not _on_spyre(op):
+            continue
+        generated_here = "pointwise" if isinstance(op, ir.ComputedBuffer) else "other"
+        producer = getattr(op, "spyre_generator", None) or generated_here
+        out.append(BufferInfo(op.get_name(), *_static_geometry(op), producer, device_dtype(op.get_dtype()),
+                              op.get_name() in mutated))
+    return out
+
+
+def _graph_operands() -> list[Any]:
+    from torch._inductor.virtualized import V
+
+    from .layout_plan import Operand
+
+    out = []
+    for op in V.graph.operations:
+        gen = getattr(op, "spyre_generator", None)
+        if not gen:
+            continue
+        kernel = f"the {op.spyre_label} writing {op.get_name()}"
+        for role, x in [*zip(op.spyre_roles, op.inputs), ("out", op)]:
+            out.append(Operand(kernel, gen, role, x.get_name(), *_static_geometry(x)))
+    return out
+
+
+def _on_spyre(node: Any) -> bool:
+    try:
+        dev = node.get_device()
+    except Exception:  # noqa: BLE001
+        return False
+    return dev is not None and dev.type == "spyre"
 
 
 def _layout_comment(shape, stride, dtype) -> str:

@@ -285,6 +285,23 @@ def to_spyre(t: torch.Tensor, device: torch.device | str | int | None = None, st
     return out
 
 
+def replace_layout(alloc: Allocation, layout: StickLayout, source: Allocation) -> None:
+    """Make ``alloc`` hold ``source``'s device bytes, which store ``alloc``'s host elements under ``layout``
+    (the last step of an in-place relayout). Every tensor viewing the storage then reads and writes through
+    ``layout``; values, sizes, strides and storage offsets are unchanged."""
+    old: StickLayout = alloc.meta["layout"]
+    if tuple(layout.host_shape) != tuple(old.host_shape) or layout.device_dtype != old.device_dtype:
+        raise ValueError(f"an in-place relayout keeps the host shape and device dtype: {old.describe()} -> "
+                         f"{layout.describe()}")
+    if layout.nbytes > alloc.nbytes:
+        raise ValueError(f"{layout.describe()} needs {layout.nbytes} device bytes but the allocation has "
+                         f"{alloc.nbytes}: relayout into a new tensor instead (compiler.relayout.relayout)")
+    if source.nbytes < layout.nbytes:
+        raise ValueError(f"the source allocation holds {source.nbytes} bytes, {layout.nbytes} are needed")
+    alloc.buffer[:layout.nbytes] = source.buffer[:layout.nbytes]
+    alloc.meta["layout"] = layout
+
+
 # --- storages restored by torch.load -------------------------------------------------------------
 def mark_untyped(base: torch.Tensor) -> None:
     """Mark a byte storage whose dtype is not known yet (see ``serialization.py``)."""
