@@ -259,8 +259,8 @@ def test_autograd_backward_ops_run_as_programs_too():
 @pytest.mark.slow
 @pytest.mark.parametrize("opt", [torch.optim.SGD, torch.optim.AdamW])
 def test_training_steps_match_cpu(opt):
-    """Forward, backward and (foreach) optimizer steps of a small MLP: every op but the loss's
-    ``nll_loss_forward`` (an index read from memory: no lowering) runs as a program."""
+    """Forward, backward and (foreach) optimizer steps of a small MLP: every op runs as a program (the
+    loss's ``nll_loss_forward`` too: its index read is the gather generator's)."""
     import copy
 
     torch.manual_seed(0)
@@ -283,8 +283,8 @@ def test_training_steps_match_cpu(opt):
             # operands flip moves that weight by up to 2 lr per step.
             assert diff.max() <= 2 * 1e-2 * 2 and diff.mean() < 1e-4
     stats = torch_spyre.fallback_stats()
-    assert set(stats.host) == {"nll_loss_forward.output"}
-    assert sum(stats.compiled.values()) > 30
+    assert stats.host == {}, stats.host
+    assert "nll_loss_forward.output" in stats.compiled and sum(stats.compiled.values()) > 30
 
 
 # ---------------------------------------------------------------------------------------------
