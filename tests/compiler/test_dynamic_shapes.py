@@ -154,11 +154,11 @@ def test_symbolic_int_argument():
 @pytest.mark.slow
 @pytest.mark.models
 def test_tiny_bert_one_graph_three_sequence_lengths():
-    T = pytest.importorskip("transformers")
+    from .test_compile_zoo import _tiny
+
     torch.manual_seed(0)
-    cfg = T.BertConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, max_position_embeddings=64)
-    model = T.BertModel(cfg).eval()
+    cfg, cls = _tiny("bert")
+    model = cls(cfg).eval()
     start()
     with torch.no_grad():
         compiled = torch.compile(copy.deepcopy(model).half().to("spyre"))

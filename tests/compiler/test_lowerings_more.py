@@ -98,14 +98,14 @@ def test_cross_entropy(dtype, n, classes):
 @pytest.mark.models
 def test_bert_default_token_type_ids():
     """Bert without token_type_ids gathers its zero buffer along the stick dim (int64)."""
-    T = pytest.importorskip("transformers")
     import torch_spyre
     from torch_spyre.compiler import wrapper
 
+    from .test_compile_zoo import _tiny
+
     torch.manual_seed(0)
-    cfg = T.BertConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, max_position_embeddings=64)
-    model = T.BertModel(cfg).eval()
+    cfg, cls = _tiny("bert")
+    model = cls(cfg).eval()
     ids = torch.randint(0, 256, (2, 16))
     with torch.no_grad():
         ref = model(ids).last_hidden_state
