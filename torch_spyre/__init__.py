@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .errors import SpyreError
+
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -23,7 +25,7 @@ _LAZY = {
     "Event": ("torch_spyre.spyre_module", "Event"),
 }
 
-__all__ = ["register", *_LAZY]
+__all__ = ["register", "SpyreError", *_LAZY]
 
 
 def register() -> None:

@@ -22,6 +22,8 @@ import json
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar, Iterator, Union
 
+from .errors import SpyreError
+
 STICK_BYTES = 128
 FORMAT_VERSION = 1
 
@@ -68,7 +70,7 @@ def row_major_strides(shape) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-class ProgramError(ValueError):
+class ProgramError(SpyreError, ValueError):
     """A malformed program. The message names the core and the instruction."""
 
     def __init__(self, message: str, core: int | None = None, index: int | None = None, instr: Any = None):

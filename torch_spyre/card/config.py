@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ..errors import SpyreError
+
 Confidence = Literal["official", "paper", "community", "derived", "assumed"]
 
 ENV_PREFIX = "TORCH_SPYRE_"
@@ -36,7 +38,7 @@ MiB = 1024 * KiB
 GiB = 1024 * MiB
 
 
-class ConfigError(ValueError):
+class ConfigError(SpyreError, ValueError):
     """An invalid card configuration value."""
 
 

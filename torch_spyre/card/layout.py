@@ -25,9 +25,9 @@ from functools import cached_property
 
 import numpy as np
 
-from ..program import row_major_strides
+from ..errors import SpyreError
+from ..program import STICK_BYTES, row_major_strides
 
-STICK_BYTES = 128
 
 # Device element types: name -> (bytes per element, numpy dtype of the stored bits).
 DEVICE_DTYPES: dict[str, tuple[int, np.dtype]] = {
@@ -42,7 +42,7 @@ DEVICE_DTYPES: dict[str, tuple[int, np.dtype]] = {
 }
 
 
-class LayoutError(ValueError):
+class LayoutError(SpyreError, ValueError):
     """A layout that cannot exist (bad stick dimension, unknown device dtype, ...)."""
 
 

@@ -19,12 +19,14 @@ from typing import Any
 
 import numpy as np
 
-STICK_BYTES = 128
+from ..errors import SpyreError
+from ..program import STICK_BYTES
+
 DEVICE_BASE_ADDRESS = 0x1_0000_0000  # device virtual addresses start here, so 0 is never valid
 CARD_ADDRESS_STRIDE = 1 << 44  # each card's addresses live in their own range: one card's address is never another's
 
 
-class DeviceOutOfMemoryError(MemoryError):
+class DeviceOutOfMemoryError(SpyreError, MemoryError):
     def __init__(self, requested: int, free: int, capacity: int, card: int):
         self.requested, self.free, self.capacity, self.card = requested, free, capacity, card
         super().__init__(
@@ -35,11 +37,11 @@ class DeviceOutOfMemoryError(MemoryError):
         )
 
 
-class InvalidAddressError(ValueError):
+class InvalidAddressError(SpyreError, ValueError):
     pass
 
 
-class HostMemoryExhaustedError(MemoryError):
+class HostMemoryExhaustedError(SpyreError, MemoryError):
     """The host could not back a simulated allocation (the card itself still had room)."""
 
 

@@ -74,6 +74,7 @@ from ..program import (
     SpTensor,
     Wait,
 )
+from . import costs
 from .config import CardConfig
 
 ENGINES = ("dma", "pe", "vector", "ring")
@@ -200,10 +201,6 @@ class _Node:
     preds: set[int] = field(default_factory=set)
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _prod(xs: Iterable[int]) -> int:
     out = 1
     for x in xs:
@@ -237,14 +234,8 @@ def _contiguous_runs(pattern: DmaPattern) -> int:
 
 
 def _ring_path(src: int, dst: int, n: int, net: str) -> tuple[Any, ...]:
-    """Links crossed from stop ``src`` to ``dst`` the short way round (clockwise on a tie)."""
-    cw = (dst - src) % n
-    ccw = (src - dst) % n
-    if cw == 0:
-        return ()
-    if cw <= ccw:
-        return tuple((net, "cw", (src + k) % n) for k in range(cw))
-    return tuple((net, "ccw", (src - k) % n) for k in range(ccw))
+    """Links of network ``net`` crossed from stop ``src`` to ``dst`` (``costs.ring_path``)."""
+    return tuple((net, *link) for link in costs.ring_path(src, dst, n))
 
 
 def _direction(path: tuple[Any, ...]) -> str:
@@ -297,27 +288,11 @@ class _Coster:
         node.duration = self.cfg.dram_latency_s
 
     # --- compute ------------------------------------------------------------------------------
-    def pe_simd(self, dtype: str) -> int:
-        """MACs per PE per cycle for the operand type (fp32 at half the fp16 rate, int8 at twice)."""
-        simd = self.cfg.pe_simd_fp16
-        if dtype == "float32":
-            return max(1, simd // 2)
-        if dtype in ("int8", "uint8"):
-            return simd * 2
-        return simd
-
     def matmul_cycles(self, ins: MatMul) -> int:
-        """Weight-stationary tiles split across the corelets; each streams M rows plus fill and drain."""
-        cfg = self.cfg
         batch = _prod(ins.b.shape[:-2]) if len(ins.b.shape) > 2 else 1
         k, n = ins.a.shape[-1], ins.out.shape[-1]
         m = max(1, _prod(ins.out.shape[:-1]) // batch)
-        n_tile = cfg.pe_cols * self.pe_simd(ins.a.dtype)
-        tiles = batch * _ceil_div(k, cfg.pe_rows) * _ceil_div(n, n_tile)
-        per_corelet = _ceil_div(tiles, cfg.corelets_in_use)
-        fill_drain = cfg.pe_rows + cfg.pe_cols + cfg.mac_latency_cycles
-        # The first weight tile is loaded (one row per cycle) before streaming; later ones load behind.
-        return per_corelet * (m + fill_drain) + cfg.pe_rows
+        return costs.pe_matmul_cycles(self.cfg, m, k, n, ins.a.dtype, batch)
 
     def matmul(self, node: _Node, ins: MatMul) -> None:
         node.reads += [ins.a.byte_span(), ins.b.byte_span()]
@@ -327,12 +302,7 @@ class _Coster:
         node.duration = self.matmul_cycles(ins) / self.clock
 
     def vector_cycles(self, elements: int, itemsize: int, op: str) -> int:
-        """One 128-byte stick per cycle per corelet for 2-byte types: time scales with bytes processed."""
-        bytes_per_cycle = 2 * self.cfg.vector_fp16_per_cycle * self.cfg.corelets_in_use
-        cycles = _ceil_div(elements * itemsize, bytes_per_cycle)
-        if op in TRANSCENDENTAL_OPS:
-            cycles *= 1 + self.cfg.vector_transcendental_cycles
-        return cycles
+        return costs.vector_cycles(self.cfg, elements, itemsize, op in TRANSCENDENTAL_OPS)
 
     def elementwise(self, node: _Node, ins: Elementwise) -> None:
         tensors = [t for t in ins.inputs if isinstance(t, SpTensor)]

@@ -25,11 +25,12 @@ from typing import Any, Callable
 import numpy as np
 import sympy
 
+from ..errors import SpyreError
 from ..card.layout import StickLayout
 from ..program import STICK_BYTES, DmaPattern
 
 
-class AccessError(ValueError):
+class AccessError(SpyreError, ValueError):
     """An access that cannot be analysed (an index outside the tensor, an unknown index function)."""
 
 

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torch_spyre.card import costs
 from torch_spyre.card.config import CardConfig
 from torch_spyre.compiler.codegen_gather import (
     CodegenError,
@@ -291,15 +292,11 @@ def _head_sets(dims: _Dims, t: Tiling) -> list[tuple[tuple[int, ...], tuple[int,
 
 
 def _matmul_cycles(cfg: CardConfig, m: int, k: int, n: int, dtype: str) -> int:
-    """The card's weight-stationary PE cost (same arithmetic as card/timing.py, which stays the judge)."""
-    simd = cfg.pe_simd_fp16 // 2 if dtype == "float32" else cfg.pe_simd_fp16
-    tiles = -(-k // cfg.pe_rows) * -(-n // (cfg.pe_cols * simd))
-    return -(-tiles // cfg.corelets_in_use) * (m + cfg.pe_rows + cfg.pe_cols + cfg.mac_latency_cycles) + cfg.pe_rows
+    return costs.pe_matmul_cycles(cfg, m, k, n, dtype)
 
 
 def _vector_cycles(cfg: CardConfig, elements: int, itemsize: int, transcendental: bool = False) -> int:
-    c = -(-elements * itemsize // (2 * cfg.vector_fp16_per_cycle * cfg.corelets_in_use))
-    return c * (1 + cfg.vector_transcendental_cycles) if transcendental else c
+    return costs.vector_cycles(cfg, elements, itemsize, transcendental)
 
 
 def _block_cycles(cfg: CardConfig, dims: _Dims, it: WorkItem, nk: int, has_mask: bool) -> tuple[int, int]:

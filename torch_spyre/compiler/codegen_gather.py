@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from torch_spyre.card.config import CardConfig
+from torch_spyre.errors import SpyreError
 from torch_spyre.card.layout import STICK_BYTES, StickLayout
 from torch_spyre.compiler.decisions import BufferDecision, KernelDecisions
 from torch_spyre.compiler.scratchpad import ScratchpadOverflowError, SpBuffer, plan
@@ -53,7 +54,7 @@ from torch_spyre.program import (
 )
 
 
-class CodegenError(ValueError):
+class CodegenError(SpyreError, ValueError):
     """A kernel spec the generator cannot turn into a program; the message says why and what would help."""
 
 

@@ -36,6 +36,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from ..errors import SpyreError
+from ..card import costs
 from ..card.config import CardConfig
 from ..card.layout import StickLayout
 from ..program import (
@@ -71,7 +73,7 @@ KINDS = ("mm", "bmm", "addmm", "baddbmm", "linear")
 ACTIVATIONS = frozenset(UNARY_OPS - {"copy", "cast"})
 
 
-class MatmulSpecError(ValueError):
+class MatmulSpecError(SpyreError, ValueError):
     """A matmul the card cannot run as specified (bad shapes, dtypes, layouts or address span)."""
 
 
@@ -642,14 +644,11 @@ class Estimate:
 
 
 def _matmul_cycles(cfg: CardConfig, rows: int, k: int, n: int) -> int:
-    """The PE arrays' weight-stationary rate: 8 x 64 weight tiles, each streaming the rows plus fill/drain."""
-    tiles = -(-k // cfg.pe_rows) * -(-n // (cfg.pe_cols * cfg.pe_simd_fp16))
-    fill = cfg.pe_rows + cfg.pe_cols + cfg.mac_latency_cycles
-    return -(-tiles // cfg.corelets_in_use) * (rows + fill) + cfg.pe_rows
+    return costs.pe_matmul_cycles(cfg, rows, k, n)
 
 
 def _vector_cycles(cfg: CardConfig, elements: int, itemsize: int) -> int:
-    return -(-elements * itemsize // (2 * cfg.vector_fp16_per_cycle * cfg.corelets_in_use))
+    return costs.vector_cycles(cfg, elements, itemsize)
 
 
 def _counted(sizes: list[int]) -> list[tuple[int, int]]:
@@ -662,15 +661,6 @@ def _counted(sizes: list[int]) -> list[tuple[int, int]]:
 
 def _pieces(total: int, step: int) -> list[int]:
     return [min(step, total - s) for s in range(0, total, step)]
-
-
-def _ring_path(src: int, dst: int, n: int) -> list[tuple[str, int]]:
-    cw, ccw = (dst - src) % n, (src - dst) % n
-    if cw == 0:
-        return []
-    if cw <= ccw:
-        return [("cw", (src + i) % n) for i in range(cw)]
-    return [("ccw", (src - i) % n) for i in range(ccw)]
 
 
 @dataclass
@@ -700,14 +690,14 @@ def _split_traffic(p: _Problem, s: Split, cfg: CardConfig) -> _SplitTraffic:
     link_other: dict[tuple, int] = {}
     pairs: dict[tuple, int] = {}
     for i, w in enumerate(work):
-        for l in _ring_path(mem, w.core, n):
+        for l in costs.ring_path(mem, w.core, n):
             link_a[l] = link_a.get(l, 0) + a[i]
             link_other[l] = link_other.get(l, 0) + other[i]
-        for l in _ring_path(w.core, mem, n):
+        for l in costs.ring_path(w.core, mem, n):
             link_other[l] = link_other.get(l, 0) + writes[i]
         if w.partner < s.k - 1:
             nxt = w.group[w.partner + 1]
-            for l in _ring_path(w.core, nxt, n) + _ring_path(nxt, w.core, n):
+            for l in costs.ring_path(w.core, nxt, n) + costs.ring_path(nxt, w.core, n):
                 pairs[l] = pairs.get(l, 0) + 1
     return _SplitTraffic(work, a, other, writes, link_a, link_other, pairs)
 

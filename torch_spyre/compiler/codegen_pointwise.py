@@ -31,6 +31,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..errors import SpyreError
 from ..program import (
     dram_spans,
     STICK_BYTES,
@@ -52,7 +53,7 @@ from .kernel_ir import KernelSpec, LoweringError, UnsupportedDtypeError, check_c
 from .scratchpad import ScratchpadOverflowError, SpBuffer, plan
 
 
-class AddressSpanError(ValueError):
+class AddressSpanError(SpyreError, ValueError):
     """A core would address more device memory than ``core_address_span_bytes`` allows."""
 
 

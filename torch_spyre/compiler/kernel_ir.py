@@ -32,8 +32,10 @@ from typing import Any, Iterable, Union
 import sympy
 import torch
 
+from ..errors import SpyreError
 
-class LoweringError(NotImplementedError):
+
+class LoweringError(SpyreError, NotImplementedError):
     """An Inductor node the Spyre compiler cannot lower (the message says what and what to do)."""
 
 

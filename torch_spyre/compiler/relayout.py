@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import SpyreError
 from ..card.layout import StickLayout
 from ..program import Program
 from .access import TensorPlace
@@ -21,7 +22,7 @@ _HOST_DTYPE = {"dlfloat16": "float16", "float32": "float32", "int64": "int64", "
                "int8": "int8", "uint8": "uint8", "bool": "bool"}
 
 
-class RelayoutError(ValueError):
+class RelayoutError(SpyreError, ValueError):
     pass
 
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-STICK_BYTES = 128
+from ..errors import SpyreError
+from ..program import STICK_BYTES
 
 
-class ScratchpadOverflowError(ValueError):
+
+class ScratchpadOverflowError(SpyreError, ValueError):
     """A scratchpad plan that cannot fit in the plannable capacity."""
 
     def __init__(self, needed: int, capacity: int, live: list["SpBuffer"], step: int):

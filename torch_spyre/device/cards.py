@@ -11,6 +11,7 @@ import threading
 
 import torch
 
+from ..errors import SpyreError
 from ..card import Card, CardConfig, load_config
 from ..runtime import stream as rt
 
@@ -20,7 +21,7 @@ _cards: dict[int, Card] = {}
 _generators: dict[int, torch.Generator] = {}
 
 
-class InvalidDeviceError(RuntimeError):
+class InvalidDeviceError(SpyreError, RuntimeError):
     pass
 
 

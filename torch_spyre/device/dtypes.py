@@ -13,6 +13,7 @@ import os
 import numpy as np
 import torch
 
+from ..errors import SpyreError
 from ..card import dlfloat16
 
 DLFLOAT16_ENV = "TORCH_SPYRE_DLFLOAT16"
@@ -35,7 +36,7 @@ DLFLOAT16 = "dlfloat16"  # fp16/bf16 values as DLFloat16 bits
 RAW = "raw"  # the host dtype's own bits
 
 
-class UnsupportedDtypeError(TypeError):
+class UnsupportedDtypeError(SpyreError, TypeError):
     pass
 
 

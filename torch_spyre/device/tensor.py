@@ -27,6 +27,7 @@ import torch
 from ..card.layout import StickLayout
 from ..program import row_major_strides
 from ..card.memory import Allocation, DeviceOutOfMemoryError
+from ..errors import SpyreError
 from . import cards, dtypes, storage
 
 
@@ -79,6 +80,10 @@ def release_freed() -> None:
     storage.release_dead(lambda i: cards.card(i).memory)
 
 
+class SpyreOutOfMemoryError(SpyreError, torch.OutOfMemoryError):
+    """The card is full: what ``torch.cuda`` users catch as ``torch.OutOfMemoryError``."""
+
+
 def _allocate(card: int, nbytes: int) -> Allocation:
     memory = cards.card(card).memory
     if storage.sweep_due() or memory.allocated + nbytes > memory.capacity:
@@ -86,7 +91,7 @@ def _allocate(card: int, nbytes: int) -> Allocation:
     try:
         return memory.allocate(nbytes)
     except DeviceOutOfMemoryError as e:
-        raise torch.OutOfMemoryError(str(e)) from None
+        raise SpyreOutOfMemoryError(str(e)) from None
 
 
 def new_storage_tensor(card: int, dtype: torch.dtype, layout: StickLayout | None) -> torch.Tensor:

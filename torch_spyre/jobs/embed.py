@@ -29,6 +29,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..errors import SpyreError
+
 DEFAULT_SENTENCES = (
     "The cat sits on the mat.",
     "A kitten is resting on a rug.",
@@ -45,7 +47,7 @@ TRACE_FILE = "trace.json"
 TIMELINE_FILE = "timeline.png"
 
 
-class JobError(RuntimeError):
+class JobError(SpyreError, RuntimeError):
     """A failure the user can act on (missing package, unreadable input, compilation failure)."""
 
 

@@ -30,17 +30,16 @@ from typing import Any, Mapping, Union
 
 import numpy as np
 
+from ..errors import SpyreError
 from ..card.execute import dram_addr, execute
 from ..card.memory import Allocation, InvalidAddressError
 from ..card.timing import time_program
 from ..card.validate import validate
-from ..program import Program
+from ..program import STICK_BYTES, Program
 from . import stream as _stream
 
-STICK_BYTES = 128
 
-
-class BindingError(ValueError):
+class BindingError(SpyreError, ValueError):
     """A launch argument that cannot be bound to a program operand. Nothing was executed."""
 
     def __init__(self, program: str, operand: str | None, message: str):
