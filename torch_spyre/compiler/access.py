@@ -18,19 +18,23 @@ transposes, slices, ``FloorDiv``/``ModularIndexing`` reshapes):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import sympy
 
 from ..errors import SpyreError
 from ..card.layout import StickLayout
-from ..program import STICK_BYTES, DmaPattern
+from ..program import STICK_BYTES, DmaPattern, Operand, row_major_strides
 
 
-class AccessError(SpyreError, ValueError):
+class CodegenError(SpyreError, ValueError):
+    """A kernel the generators cannot write as asked (the message says which operand and what to do)."""
+
+
+class AccessError(CodegenError):
     """An access that cannot be analysed (an index outside the tensor, an unknown index function)."""
 
 
@@ -130,11 +134,52 @@ def free_symbols(text: str) -> set[str]:
 # Host indices -> device elements -> sticks
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class TensorPlace:
-    """Where a kernel operand's elements are: its allocation's layout and the view's storage offset."""
+class TensorView:
+    """The one view type of the generators: kernel operand ``name`` is the strided view ``shape`` /
+    ``strides`` / ``storage_offset`` (host elements) over an allocation laid out by ``layout`` (the
+    allocation's host shape, stick dim and device dtype). View element (i0, i1, ...) is host element
+    ``storage_offset + sum(i_d * strides[d])`` of the allocation. None strides: contiguous."""
 
+    name: str
     layout: StickLayout
-    storage_offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] | None = None
+    storage_offset: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        if self.strides is None:
+            object.__setattr__(self, "strides", row_major_strides(self.shape))
+        object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
+        object.__setattr__(self, "storage_offset", int(self.storage_offset))
+        if len(self.strides) != len(self.shape):
+            raise CodegenError(f"%{self.name}: {len(self.shape)} sizes {list(self.shape)} but strides {list(self.strides)}")
+
+    # --- constructors ---------------------------------------------------------------------------
+    @staticmethod
+    def whole(name: str, layout: StickLayout, storage_offset: int = 0) -> "TensorView":
+        """The whole allocation, as allocated (shifted by ``storage_offset``)."""
+        return TensorView(name, layout, layout.host_shape, layout.host_strides, storage_offset)
+
+    @staticmethod
+    def contiguous(name: str, shape: Sequence[int], device_dtype: str, stick_dim: int = -1) -> "TensorView":
+        """A whole fresh buffer in IBM's default layout (last dim sticked unless told otherwise)."""
+        return TensorView(name, StickLayout(tuple(shape), stick_dim, device_dtype), tuple(shape))
+
+    def transposed(self, d0: int = -2, d1: int = -1) -> "TensorView":
+        shape, strides = list(self.shape), list(self.strides)
+        shape[d0], shape[d1] = shape[d1], shape[d0]
+        strides[d0], strides[d1] = strides[d1], strides[d0]
+        return replace(self, shape=tuple(shape), strides=tuple(strides))
+
+    def expanded(self, batch: int) -> "TensorView":
+        """A batch dimension of stride 0 in front (a weight shared by every batch)."""
+        return replace(self, shape=(batch, *self.shape), strides=(0, *self.strides))
+
+    # --- properties -----------------------------------------------------------------------------
+    @property
+    def dtype(self) -> str:
+        return self.layout.device_dtype
 
     @property
     def lanes(self) -> int:
@@ -144,24 +189,55 @@ class TensorPlace:
     def itemsize(self) -> int:
         return self.layout.itemsize
 
+    def operand(self, access: str) -> Operand:
+        lay = self.layout
+        return Operand(self.name, lay.nbytes, access, lay.device_dtype, lay.host_shape, lay.stick_dim)
 
-def walks_layout_dims(layout: StickLayout, shape, strides) -> bool:
-    """Every view dim (of size > 1, not broadcast) moves along one dim of the allocation's host shape,
-    each a different one: what the whole-op generators (matmul, gather, attention) read as one stride per
-    dim. False for a view that merges or splits dims, e.g. [24, 128] over a [2, 12, 128] allocation."""
+    def describe(self) -> str:
+        return (f"{self.layout.describe()} view shape={list(self.shape)} strides={list(self.strides)} "
+                f"offset={self.storage_offset}")
+
+    def host_index(self, coords: np.ndarray) -> np.ndarray:
+        """Host linear indices of view coordinates (``coords`` [..., ndim])."""
+        return self.storage_offset + np.asarray(coords, dtype=np.int64) @ np.asarray(self.strides, dtype=np.int64)
+
+    def walks_layout_dims(self) -> bool:
+        """See :func:`walks_dims`: whether each view dim moves along its own dim of the allocation."""
+        return walks_dims(list(zip(self.layout.host_shape, self.layout.host_strides)), self.shape, self.strides)
+
+
+def TensorPlace(layout: StickLayout, storage_offset: int) -> TensorView:  # noqa: N802 (migration shim)
+    """Transitional: the whole allocation at ``storage_offset`` (pointwise still builds its places so)."""
+    return TensorView.whole("", layout, storage_offset)
+
+
+def walks_dims(host: Sequence[tuple[Any, Any]], shape: Sequence[Any], strides: Sequence[Any],
+               is_one: Callable[[Any], bool] = lambda n: n <= 1,
+               equal: Callable[[Any, Any], bool] = lambda a, b: a == b,
+               leq: Callable[[Any, Any], bool] = lambda a, b: a <= b) -> bool:
+    """Every view dim (of size > 1, not broadcast) moves along one dim of the allocation's dense host
+    shape ``host`` ([(size, stride), ...]), each a different one: what the whole-op generators (matmul,
+    gather, attention) can read as one stride per dim. True of permutes and slices; false of views that
+    merge or split dims (e.g. [24, 128] over a [2, 12, 128] allocation: heads split out of a fused
+    projection, batch folded into rows). The comparisons are parameters so that the compiler can ask the
+    same question of symbolic sizes (as Inductor's size variables prove them)."""
     used: set[int] = set()
     for n, st in zip(shape, strides):
-        if n <= 1 or st == 0:
+        if is_one(n) or equal(st, 0):
             continue
-        match = [h for h, (hn, hst) in enumerate(zip(layout.host_shape, layout.host_strides))
-                 if hst == st and hn >= n and h not in used]
+        match = [h for h, (hn, hst) in enumerate(host) if h not in used and equal(hst, st) and leq(n, hn)]
         if not match:
             return False
         used.add(match[0])
     return True
 
 
-def device_elements(place: TensorPlace, host_index: np.ndarray, what: str = "access") -> np.ndarray:
+def walks_layout_dims(layout: StickLayout, shape, strides) -> bool:
+    """:func:`walks_dims` of a view over an allocation laid out by ``layout``."""
+    return walks_dims(list(zip(layout.host_shape, layout.host_strides)), shape, strides)
+
+
+def device_elements(place: TensorView, host_index: np.ndarray, what: str = "access") -> np.ndarray:
     """Device element offsets (same shape as ``host_index``) of host indices relative to the view."""
     idx = np.asarray(host_index, dtype=np.int64) + place.storage_offset
     if idx.size and (idx.min() < 0 or idx.max() >= place.layout.numel):
@@ -185,7 +261,7 @@ class StickSet:
         return int(self.sticks.size) * STICK_BYTES
 
 
-def stick_set(place: TensorPlace, device_elems: np.ndarray, valid: np.ndarray | None = None) -> StickSet:
+def stick_set(place: TensorView, device_elems: np.ndarray, valid: np.ndarray | None = None) -> StickSet:
     """Sticks under ``device_elems`` (only where ``valid``) and the positions of the elements in them."""
     lanes = place.lanes
     sticks = device_elems // lanes
