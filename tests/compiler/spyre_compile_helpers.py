@@ -6,6 +6,7 @@ import torch
 
 import torch_spyre
 from torch_spyre.compiler import backend, wrapper
+from torch_spyre.compiler.kernel_ir import KernelSpec
 
 backend.register()
 # Tests exercise the code generation every time (the FX graph cache works for spyre, see
@@ -21,6 +22,24 @@ def fresh():
     torch._dynamo.reset()
     wrapper.reset_host_fallback_stats()
     torch_spyre.reset_fallback_stats()
+
+
+def specs_of(fn, *args, dynamic=False):
+    """Compile ``fn`` on spyre and capture the KernelSpecs the wrapper defined."""
+    seen: list[KernelSpec] = []
+    orig = wrapper.SpyreKernel.__init__
+
+    def spy(self, spec):
+        seen.append(spec)
+        orig(self, spec)
+
+    fresh()
+    wrapper.SpyreKernel.__init__ = spy
+    try:
+        torch.compile(fn, dynamic=dynamic)(*[a.to("spyre") for a in args])
+    finally:
+        wrapper.SpyreKernel.__init__ = orig
+    return seen
 
 
 def run_compiled(fn, *args, dynamic=False):

@@ -23,7 +23,7 @@ def test_registration_is_idempotent_and_complete():
         get_wrapper_codegen_for_device,
     )
 
-    assert get_scheduling_for_device("spyre") is not None
+    assert get_scheduling_for_device("spyre").__name__ == "SpyreScheduling"
     assert get_wrapper_codegen_for_device("spyre").__name__ == "SpyreWrapperCodegen"
     assert "torch.spyre.synchronize()" == get_device_op_overrides("spyre").synchronize()
     props = get_interface_for_device("spyre").get_device_properties()

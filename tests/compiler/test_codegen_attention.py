@@ -232,7 +232,14 @@ def test_program_validates_serializes_and_records_decisions(config):
     assert dec.kind == "attention"
     assert dec.scratchpad["peak_bytes"] <= config.scratchpad_plannable_bytes
     assert dec.work_division["cores"] == len(program.cores) <= config.num_cores
-    assert dec.tiling["causal_blocks_skipped"] > 0
+    # 300 positions in blocks of 64: a 5 x 5 grid of (query block, key block) pairs per tile group; the 10
+    # above the diagonal are skipped, the 15 others streamed, the 5 on the diagonal need the causal bias.
+    n = -(-300 // dec.tiling["block_q"])
+    assert dec.tiling["block_q"] == dec.tiling["block_k"] == 64 and n == 5
+    groups, rest = divmod(dec.tiling["kv_blocks_streamed"], n * (n + 1) // 2)
+    assert rest == 0 and groups >= 1
+    assert dec.tiling["causal_blocks_skipped"] == groups * n * (n - 1) // 2
+    assert dec.tiling["causal_bias_blocks"] == groups * n
     assert dec.alternatives and all("est_us" in a for a in dec.alternatives)
     assert "kernel" in dec.format() and "considered" in dec.format()
 

@@ -11,6 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.zoo import tiny
+
 from .spyre_compile_helpers import check
 
 torch.manual_seed(0)
@@ -271,18 +273,7 @@ def test_mlp_forward_backward():
         torch.testing.assert_close(p.grad.cpu().float(), q.grad, atol=2e-3, rtol=5e-2, msg=name)
 
 
-# --- tiny random-weight models from configs ---------------------------------------------------------
-def _tiny(name):
-    T = pytest.importorskip("transformers")
-    common = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
-    return {
-        "llama": (T.LlamaConfig(**common, num_key_value_heads=2, max_position_embeddings=128), T.LlamaModel),
-        "qwen3": (T.Qwen3Config(**common, num_key_value_heads=2, head_dim=16, max_position_embeddings=128), T.Qwen3Model),
-        "granite": (T.GraniteConfig(**common, num_key_value_heads=2, max_position_embeddings=128), T.GraniteModel),
-        "bert": (T.BertConfig(**common, max_position_embeddings=64), T.BertModel),
-    }[name]
-
-
+# --- tiny random-weight models from configs (tests/zoo.py) ----------------------------------------
 @pytest.mark.slow
 @pytest.mark.models
 @pytest.mark.parametrize("name", ["llama", "qwen3", "granite", "bert"])
@@ -293,7 +284,7 @@ def test_tiny_models(name):
     from .spyre_compile_helpers import fresh
 
     torch.manual_seed(0)
-    cfg, cls = _tiny(name)
+    cfg, cls = tiny(name)
     model = cls(cfg).eval()
     ids = torch.randint(0, 256, (2, 16))
     # Pass Bert's token_type_ids, as tokenizers do (its default path, a torch.gather along a buffer's

@@ -19,7 +19,7 @@ import torch_spyre
 from torch_spyre.compiler import wrapper
 from torch_spyre.compiler.kernel_ir import DynamicShapeError, RecordingHandler
 
-from .spyre_compile_helpers import TOL, fresh
+from .spyre_compile_helpers import TOL, fresh, specs_of
 
 LENGTHS = [16, 24, 32, 40, 48]
 
@@ -154,10 +154,10 @@ def test_symbolic_int_argument():
 @pytest.mark.slow
 @pytest.mark.models
 def test_tiny_bert_one_graph_three_sequence_lengths():
-    from .test_compile_zoo import _tiny
+    from tests.zoo import tiny
 
     torch.manual_seed(0)
-    cfg, cls = _tiny("bert")
+    cfg, cls = tiny("bert")
     model = cls(cfg).eval()
     start()
     with torch.no_grad():
@@ -182,8 +182,6 @@ def test_tiny_bert_one_graph_three_sequence_lengths():
 def test_symbolic_transposed_operand_is_read_in_place():
     """``_walks_buffer_dims`` proves a symbolic permute walks its buffer's dims (sizevars), so the bmm
     reads k^T as a view: no copy kernel, as with static shapes."""
-    from .test_kernel_ir import specs_of
-
     torch.manual_seed(0)
 
     def scores(q, k):

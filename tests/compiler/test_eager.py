@@ -214,16 +214,29 @@ def test_bad_mode_is_a_clear_error(monkeypatch):
 
 
 def test_programs_take_simulated_time_on_the_card():
+    """The events around two programs are apart by exactly the programs' simulated times (each launch
+    costs its prepared ProgramTiming.total_s; one stream, no idle gap)."""
+    import torch_spyre.profiler
+
     x = s(_x(64, 64))
-    torch.exp(x)  # compile
+    torch.exp(x) * 2  # compile both programs
     stream = torch.spyre.current_stream()
     start = torch.spyre.Event(enable_timing=True)
     end = torch.spyre.Event(enable_timing=True)
-    start.record(stream)
-    torch.exp(x)
-    end.record(stream)
+    with torch_spyre.profiler.profile() as prof:
+        start.record(stream)
+        torch.exp(x) * 2
+        end.record(stream)
     end.synchronize()
-    assert start.elapsed_time(end) > 0
+    recs = prof.events()
+    assert [(r.kind, r.name.startswith("spyre_")) for r in recs] == [("kernel", True), ("kernel", True)]
+    for r in recs:
+        assert r.duration == pytest.approx(r.details["timing"].total_s, rel=1e-12)
+    assert recs[0].start == pytest.approx(start.time, abs=1e-15) and recs[1].end == pytest.approx(end.time, abs=1e-15)
+    assert recs[1].start == pytest.approx(recs[0].end, abs=1e-15)
+    total_ms = sum(r.details["timing"].total_s for r in recs) * 1e3
+    assert total_ms > 0
+    assert start.elapsed_time(end) == pytest.approx(total_ms, rel=1e-9)
 
 
 def test_programs_run_on_the_current_stream_as_kernels():

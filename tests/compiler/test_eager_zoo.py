@@ -108,10 +108,10 @@ def test_mlp_training_step():
 @pytest.mark.models
 @pytest.mark.parametrize("name", ["llama", "qwen3", "granite", "bert"])
 def test_tiny_models(name):
-    from .test_compile_zoo import _tiny
+    from tests.zoo import tiny
 
     torch.manual_seed(0)
-    cfg, cls = _tiny(name)
+    cfg, cls = tiny(name)
     model = cls(cfg).eval()
     ids = torch.randint(0, 256, (2, 16))
     with torch.no_grad():

@@ -6,28 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torch_spyre.compiler import wrapper
 from torch_spyre.compiler.kernel_ir import DynamicShapeError, KernelSpec, RecordingHandler, check_computable
 
-from .spyre_compile_helpers import fresh
-
-
-def specs_of(fn, *args, dynamic=False):
-    """Compile ``fn`` on spyre and capture the KernelSpecs the wrapper defined."""
-    seen: list[KernelSpec] = []
-    orig = wrapper.SpyreKernel.__init__
-
-    def spy(self, spec):
-        seen.append(spec)
-        orig(self, spec)
-
-    fresh()
-    wrapper.SpyreKernel.__init__ = spy
-    try:
-        torch.compile(fn, dynamic=dynamic)(*[a.to("spyre") for a in args])
-    finally:
-        wrapper.SpyreKernel.__init__ = orig
-    return seen
+from .spyre_compile_helpers import fresh, specs_of
 
 
 def test_pointwise_spec_has_loads_stores_and_provenance():

@@ -208,7 +208,7 @@ def test_tied_weights_keep_their_layout():
     ref = _TiedLM().float()
     ref.load_state_dict(model.float().state_dict())
     model = model.half().to("spyre")
-    model.head.weight = model.emb.weight  # Module.to("spyre") gives each module its own copy (ties are lost)
+    assert model.head.weight is model.emb.weight  # Module.to("spyre") keeps ties (tests/device/test_tied_parameters.py)
     fresh()
     lp.reset_layout_stats()
     out = torch.compile(model, dynamic=False)(ids.to("spyre"))

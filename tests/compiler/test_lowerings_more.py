@@ -101,10 +101,10 @@ def test_bert_default_token_type_ids():
     import torch_spyre
     from torch_spyre.compiler import wrapper
 
-    from .test_compile_zoo import _tiny
+    from tests.zoo import tiny
 
     torch.manual_seed(0)
-    cfg, cls = _tiny("bert")
+    cfg, cls = tiny("bert")
     model = cls(cfg).eval()
     ids = torch.randint(0, 256, (2, 16))
     with torch.no_grad():

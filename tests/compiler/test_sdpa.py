@@ -125,10 +125,12 @@ def test_unsupported_cases_keep_the_math_path(what, debug_dir):
         args = (rnd(1, 2, 16, 32), rnd(1, 2, 16, 32, seed=1), rnd(1, 2, 16, 32, seed=2), m)
         f = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)  # noqa: E731
     else:
-        q = rnd(1, 2, 16, 32)
-        assert sdpa.supported(q, q, q, torch.ones(16, 16, dtype=torch.int32)) is not None
-        assert sdpa.supported(q, q, q, dropout_p=0.1) is not None
-        assert sdpa.supported(q, rnd(1, 1, 16, 32), rnd(1, 1, 16, 32)) is not None  # GQA without enable_gqa
+        # On spyre, so that each call is refused for its own reason (CPU operands are refused first).
+        q, kv = rnd(1, 2, 16, 32).to("spyre"), rnd(1, 1, 16, 32).to("spyre")
+        assert sdpa.supported(q, q, q, torch.ones(16, 16, dtype=torch.int32).to("spyre")) == "mask dtype"
+        assert sdpa.supported(q, q, q, dropout_p=0.1) == "dropout"
+        assert sdpa.supported(q, kv, kv) == "heads"  # GQA without enable_gqa
+        assert sdpa.supported(q, kv, kv, enable_gqa=True) is None
         return
     check(f, *args, tol=dict(atol=5e-2, rtol=5e-2))
     assert "attention" not in kernel_kinds(debug_dir)
@@ -136,11 +138,13 @@ def test_unsupported_cases_keep_the_math_path(what, debug_dir):
 
 def test_supported_refuses_cpu_and_grad():
     q = rnd(1, 2, 16, 32)
-    assert sdpa.supported(q, q, q) is not None  # CPU tensors: torch's own path
+    assert sdpa.supported(q, q, q) == "not all operands on one spyre device"  # CPU tensors: torch's own path
     qs = q.to("spyre")
     assert sdpa.supported(qs, qs, qs) is None
     qg = q.float().to("spyre").requires_grad_()
-    assert sdpa.supported(qg, qg, qg) is not None
+    assert sdpa.supported(qg, qg, qg) == "gradient needed (training graphs keep the math path)"
+    with torch.no_grad():
+        assert sdpa.supported(qg, qg, qg) is None
 
 
 def test_cpu_compile_untouched():

@@ -12,7 +12,17 @@ accelerator is spyre and the original otherwise.
 2. ``torch._tensor_str.tensor_totype``: printing a tensor converts its non-zero finite values to float64
    *on the device*; the card has no float64, so spyre is treated as torch treats MPS and MAIA (float32).
 
-tests/device/test_torch_patches.py checks each one, so a torch release that changes them is noticed.
+3. ``aten::_has_compatible_shallow_copy_type`` (a kernel for PrivateUse1, the extension point
+   ``c10/core/TensorImpl.h`` documents for PrivateUse1 backends). torch's own answer lists only the dense
+   backends it knows (CPU, CUDA, MPS, HIP, XPU, HPU, MTIA), so for a CPU and a spyre tensor it is False and
+   ``nn.Module._apply`` (``.to("spyre")``, ``.cpu()``) then wraps each converted tensor in a *new*
+   Parameter per module that holds it: tied parameters (an LM head sharing the embedding) came apart,
+   their memory was counted twice and training updated the copies separately. With the kernel,
+   ``_apply`` takes the path it takes for CUDA (``param.data = converted``): every Parameter object is
+   kept, so ties are kept (``model.lm_head.weight is model.embed.weight``).
+
+tests/device/test_torch_patches.py checks items 1 and 2, tests/device/test_tied_parameters.py item 3, so a torch
+release that changes them is noticed.
 """
 
 from __future__ import annotations
@@ -92,11 +102,27 @@ def _patch_printing() -> None:
     ts.tensor_totype = tensor_totype
 
 
+_DENSE_SHALLOW_COPY_DEVICES = ("cpu", "spyre")
+_libraries: list = []
+
+
+def _has_compatible_shallow_copy_type(self: torch.Tensor, src: torch.Tensor) -> bool:
+    """True for two dense strided tensors on the CPU or spyre, as torch answers for CPU and CUDA."""
+    return all(t.layout == torch.strided and t.device.type in _DENSE_SHALLOW_COPY_DEVICES for t in (self, src))
+
+
+def _patch_module_conversion_keeps_parameters() -> None:
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, "PrivateUse1")
+    _libraries.append(lib)
+
+
 def patch() -> None:
     global _patched
     if _patched:
         return
     _patch_printing()
+    _patch_module_conversion_keeps_parameters()
     import torch.accelerator as acc
     import torch.accelerator.memory as acc_memory
 
