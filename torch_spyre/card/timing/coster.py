@@ -114,15 +114,16 @@ class Coster:
         return Flow(float(nbytes), path, direction, factor, self.dma_cap)
 
     def dma_load(self, node: Node, ins: DmaLoad) -> None:
-        node.writes.append(_pattern_range(ins.sp_offset, ins.pattern))
-        node.dram.append((ins.src.operand, *_dram_range(ins.src, ins.pattern), False))
-        node.flow = self.dram_flow(node.core, ins.pattern.nbytes, _contiguous_runs(ins.pattern), "r")
-        node.duration = self.cfg.dram_latency_s
+        self.strided_dma(node, ins.src, ins.sp_offset, ins.pattern, "r")
 
     def dma_store(self, node: Node, ins: DmaStore) -> None:
-        node.reads.append(_pattern_range(ins.sp_offset, ins.pattern))
-        node.dram.append((ins.dst.operand, *_dram_range(ins.dst, ins.pattern), True))
-        node.flow = self.dram_flow(node.core, ins.pattern.nbytes, _contiguous_runs(ins.pattern), "w")
+        self.strided_dma(node, ins.dst, ins.sp_offset, ins.pattern, "w")
+
+    def strided_dma(self, node: Node, addr: Addr, sp_offset: int, pattern: DmaPattern, direction: str) -> None:
+        """A load ("r": device -> scratchpad) or a store ("w"): the same costs, the sides swapped."""
+        (node.writes if direction == "r" else node.reads).append(_pattern_range(sp_offset, pattern))
+        node.dram.append((addr.operand, *_dram_range(addr, pattern), direction == "w"))
+        node.flow = self.dram_flow(node.core, pattern.nbytes, _contiguous_runs(pattern), direction)
         node.duration = self.cfg.dram_latency_s
 
     def dma_gather(self, node: Node, ins: DmaGather) -> None:
