@@ -168,7 +168,7 @@ def dram_spans(instructions: "list[Instruction]") -> dict[str, tuple[int, int]]:
     for i in instructions:
         if isinstance(i, (DmaLoad, DmaStore)):
             addr = dram_addr(i)
-            lo, hi = i.pattern.span(i.pattern.dram_strides)
-            cur = spans.setdefault(addr.operand, [addr.offset + lo, addr.offset + hi])
-            cur[0], cur[1] = min(cur[0], addr.offset + lo), max(cur[1], addr.offset + hi)
+            lo, hi = i.pattern.dram_range(addr.offset)
+            cur = spans.setdefault(addr.operand, [lo, hi])
+            cur[0], cur[1] = min(cur[0], lo), max(cur[1], hi)
     return {name: (lo, hi) for name, (lo, hi) in spans.items()}

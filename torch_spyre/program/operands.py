@@ -139,3 +139,13 @@ class DmaPattern:
             return 0, 0
         lo, hi = strided_extent(self.shape, strides)
         return lo, hi + STICK_BYTES
+
+    def dram_range(self, offset: int) -> tuple[int, int]:
+        """[lo, hi) of the device bytes reached from ``offset`` (an operand offset or an address)."""
+        lo, hi = self.span(self.dram_strides)
+        return offset + lo, offset + hi
+
+    def sp_range(self, offset: int) -> tuple[int, int]:
+        """[lo, hi) of the scratchpad bytes reached from ``offset``."""
+        lo, hi = self.span(self.sp_strides)
+        return offset + lo, offset + hi

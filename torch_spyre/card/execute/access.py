@@ -75,10 +75,10 @@ class ScratchpadAccess:
 
     def _sp_sticks(self, st: CoreState, offset: int, pattern: DmaPattern, mask: bool = False) -> np.ndarray:
         """The scratchpad side of a DMA as a (*shape, 128) byte view (of the data or the mask)."""
-        lo, hi = pattern.span(pattern.sp_strides)
-        self._check_span(st, offset + lo, offset + hi, "the DMA's scratchpad side")
+        lo, hi = pattern.sp_range(offset)
+        self._check_span(st, lo, hi, "the DMA's scratchpad side")
         if not mask:
-            self._touch(st, offset + lo, offset + hi)
+            self._touch(st, lo, hi)
         buf = st.written if mask else st.sp
         return np.ndarray((*pattern.shape, STICK_BYTES), buf.dtype, buffer=buf, offset=offset,
                           strides=(*pattern.sp_strides, 1))

@@ -51,7 +51,7 @@ class DmaEngine:
         if ins.pattern.sticks:
             dram, sticks = self._dram_sticks(st, int(st.addrs[st.pc]), ins.pattern)
             self._sp_sticks(st, ins.sp_offset, ins.pattern)[...] = dram
-            hi = ins.sp_offset + ins.pattern.span(ins.pattern.sp_strides)[1]
+            hi = ins.pattern.sp_range(ins.sp_offset)[1]
             self._mark_written(st, self._sp_sticks(st, ins.sp_offset, ins.pattern, mask=True), hi)
             self._record(st, sticks, write=False)
         self.stats._add(self.stats.dma_read_bytes, st.id, ins.pattern.nbytes)

@@ -57,16 +57,6 @@ class Node:
     preds: set[int] = field(default_factory=set)
 
 
-def _pattern_range(offset: int, pattern: DmaPattern) -> tuple[int, int]:
-    lo, hi = pattern.span(pattern.sp_strides)
-    return offset + lo, offset + hi
-
-
-def _dram_range(addr: Addr, pattern: DmaPattern) -> tuple[int, int]:
-    lo, hi = pattern.span(pattern.dram_strides)
-    return addr.offset + lo, addr.offset + hi
-
-
 def _contiguous_runs(pattern: DmaPattern) -> int:
     """Number of contiguous DRAM bursts: trailing loops whose stride continues the burst merge into it."""
     if pattern.sticks == 0:
@@ -121,8 +111,8 @@ class Coster:
 
     def strided_dma(self, node: Node, addr: Addr, sp_offset: int, pattern: DmaPattern, direction: str) -> None:
         """A load ("r": device -> scratchpad) or a store ("w"): the same costs, the sides swapped."""
-        (node.writes if direction == "r" else node.reads).append(_pattern_range(sp_offset, pattern))
-        node.dram.append((addr.operand, *_dram_range(addr, pattern), direction == "w"))
+        (node.writes if direction == "r" else node.reads).append(pattern.sp_range(sp_offset))
+        node.dram.append((addr.operand, *pattern.dram_range(addr.offset), direction == "w"))
         node.flow = self.dram_flow(node.core, pattern.nbytes, _contiguous_runs(pattern), direction)
         node.duration = self.cfg.dram_latency_s
 
