@@ -3,7 +3,7 @@
     /work/venv/bin/python benchmarks/attention.py            # table of simulated times
     /work/venv/bin/python benchmarks/attention.py --check    # also run each program on the card vs torch
 
-Time is the card's (card/timing.py, deterministic): the kernel's fixed cost plus its instructions. The
+Time is the card's (card/timing/, deterministic): the kernel's fixed cost plus its instructions. The
 roofline is max(compute at peak on the cores used, DRAM bytes at bandwidth) plus the fixed cost, so
 the fraction says how close the program is to what those bytes and flops allow.
 """

@@ -1,4 +1,4 @@
-"""Calibration of the timing model (torch_spyre/card/timing.py) against the published Spyre figures.
+"""Calibration of the timing model (torch_spyre/card/timing/) against the published Spyre figures.
 
 Builds microbenchmark programs, times them with the model and prints, for each, the model's result next to
 the published figure and the relative error:

@@ -216,6 +216,16 @@ class CardConfig(BaseModel):
         """Achievable bytes/s on one ring link in one direction."""
         return self.ring_bytes_per_cycle * self.clock_hz * self.ring_efficiency
 
+    @cached_property
+    def reduction_ring_link_bandwidth(self) -> float:
+        """Achievable bytes/s on one link of the reduction ring in one direction."""
+        return self.reduction_ring_bytes_per_cycle * self.clock_hz * self.ring_efficiency
+
+    @cached_property
+    def dma_engine_bandwidth(self) -> float:
+        """Bytes/s one core's DMA engine moves on each of its channels (read, write)."""
+        return self.dma_bytes_per_cycle * self.clock_hz
+
     def cycles(self, seconds: float) -> float:
         return seconds * self.clock_hz
 

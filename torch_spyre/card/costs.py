@@ -1,4 +1,4 @@
-"""The card's cost formulas, in one place: the timing model (``card/timing.py``) charges them and every
+"""The card's cost formulas, in one place: the timing model (``card/timing/``) charges them and every
 generator's plan estimate uses them, so an estimate cannot drift from the model that judges it.
 
 All take the card configuration and plain sizes (no instructions), so a generator can price a plan

@@ -149,11 +149,10 @@ class _Checker:
         self.sp_offset(sp_offset)
         if not p.sticks:
             return []
-        lo, hi = p.span(p.dram_strides)
-        self.dram_range(op, addr.offset + lo, addr.offset + hi)
-        slo, shi = p.span(p.sp_strides)
-        self.sp_range(sp_offset + slo, sp_offset + shi, "the DMA's scratchpad side")
-        return [(op.name, addr.offset + lo, addr.offset + hi)]
+        lo, hi = p.dram_range(addr.offset)
+        self.dram_range(op, lo, hi)
+        self.sp_range(*p.sp_range(sp_offset), "the DMA's scratchpad side")
+        return [(op.name, lo, hi)]
 
     def _DmaGather(self, ins: DmaGather) -> list[tuple[str, int, int]]:
         op = self.operand(ins.src, write=False)

@@ -1,0 +1,50 @@
+"""The vector unit's public op semantics (card/vector_ops.py): the tables cover exactly the program's op
+names, the executor's private names still reach the same tables, and the helpers compute as torch does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from torch_spyre.card import vector_ops
+from torch_spyre.card.dlfloat16 import round_float32
+from torch_spyre.program import BINARY_OPS, REDUCE_OPS, TERNARY_OPS, UNARY_OPS
+
+
+def test_tables_cover_the_program_op_names():
+    assert set(vector_ops.UNARY) == UNARY_OPS
+    assert set(vector_ops.BINARY) == BINARY_OPS
+    assert set(vector_ops.TERNARY) == TERNARY_OPS
+    assert set(vector_ops.REDUCE) == REDUCE_OPS
+    assert set(vector_ops.ELEMENTWISE) == UNARY_OPS | BINARY_OPS | TERNARY_OPS
+
+
+def test_executor_private_names_are_the_public_tables():
+    from torch_spyre.card import execute
+
+    assert execute._UNARY is vector_ops.UNARY and execute._BINARY is vector_ops.BINARY
+    assert execute._TERNARY is vector_ops.TERNARY and execute._promote is vector_ops.promote
+
+
+def test_promote_and_compute_follow_torch():
+    ints = [np.array([7, -7]), np.array([2, 2])]
+    assert vector_ops.compute("floordiv", ints).tolist() == torch.tensor([7, -7]).div(2, rounding_mode="floor").tolist()
+    assert vector_ops.compute("div", ints).dtype == np.float32  # div always gives a float
+    assert vector_ops.compute("add", [np.array([1]), vector_ops.scalar(0.5)]).tolist() == [1.5]
+    assert vector_ops.scalar(2).dtype == np.int64 and vector_ops.scalar(2.0).dtype == np.float32
+
+
+def test_integer_operand_errors():
+    assert vector_ops.integer_operand_error("remainder", np.array([1]), np.array([0])) == "integer remainder by zero"
+    assert "negative integer powers" in vector_ops.integer_operand_error("pow", np.array([2]), np.array([-1]))
+    assert vector_ops.integer_operand_error("remainder", np.array([1.0]), np.array([0.0])) is None
+
+
+@pytest.mark.parametrize("dtype", ["dlfloat16", "float32", "int32", "bool"])
+def test_encode_decode_round_trip(dtype):
+    values = np.array([0.0, 1.0, -3.0, 2.5], dtype=np.float32)
+    decoded = vector_ops.decode(vector_ops.encode(values, dtype), dtype)
+    expected = {"dlfloat16": round_float32(values), "float32": values,
+                "int32": np.trunc(values), "bool": values != 0}[dtype]
+    assert np.array_equal(decoded, expected)

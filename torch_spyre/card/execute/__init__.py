@@ -1,0 +1,53 @@
+"""Functional execution of a Spyre program on the simulated card, with the checks real hardware skips.
+
+Each core owns a real scratchpad (``config.scratchpad_bytes`` of ``np.uint8``). Data moves only through
+DMA (device memory <-> scratchpad) and the ring (scratchpad -> scratchpad); compute instructions read
+and write strided views of the scratchpad, vectorized with numpy over whole views.
+
+Besides computing results, execution catches what a real card would turn into silent garbage, and
+raises :class:`ExecutionError` naming the core and the instruction:
+
+- a scratchpad access outside the plannable scratchpad;
+- a read of scratchpad bytes that nothing wrote in this execution (a written-mask per byte);
+- a DMA whose device range is not inside one live allocation;
+- two cores touching the same device sticks, at least one writing, with no happens-before between
+  them (vector clocks; Signal/Wait, RingSend/RingRecv and Barrier order cores);
+- a gather index outside ``[0, num_rows)``;
+- a deadlock: every unfinished core blocked, each named with what it waits for.
+
+Cores run one at a time, each until it blocks on Wait/RingRecv/Barrier, round-robin. A RingSend copies
+its bytes into the destination scratchpad at once but marks them written only when the receiver's
+RingRecv completes: until then the receiver may neither read nor write them.
+
+Time is not computed here (see card/timing); :class:`ExecutionStats` only counts work.
+
+Modules: ``driver`` (the run loop, deadlocks, ``execute``, ``resolve_addresses``), ``dma`` (the DMA
+engine), ``compute`` (PE arrays and vector unit), ``ring`` (ring and sync), ``access`` (scratchpad
+bounds and written-byte checks), ``races`` (the device-memory race check), ``state`` (per-core state,
+scratchpads, ``ExecutionError``), ``stats`` (``ExecutionStats``). The vector ops' semantics are
+:mod:`torch_spyre.card.vector_ops`.
+"""
+
+from ...program import dram_addr
+from ..vector_ops import (
+    BINARY as _BINARY,
+    BOOL_RESULT_OPS,
+    FLOAT_DTYPES,
+    FLOAT_RESULT_OPS,
+    NP_DTYPES,
+    REDUCE as _REDUCE,
+    TERNARY as _TERNARY,
+    UNARY as _UNARY,
+    encode as _encode,
+    promote as _promote,
+)
+from .driver import execute, resolve_addresses
+from .state import ExecutionError
+from .stats import ENGINES, ExecutionStats
+
+# _UNARY, _BINARY, _TERNARY, _REDUCE, _promote, _encode: the old private names of card.vector_ops'
+# UNARY, BINARY, TERNARY, REDUCE, promote, encode, kept while code that imports them here moves over.
+__all__ = [
+    "BOOL_RESULT_OPS", "ENGINES", "ExecutionError", "ExecutionStats", "FLOAT_DTYPES", "FLOAT_RESULT_OPS",
+    "NP_DTYPES", "dram_addr", "execute", "resolve_addresses",
+]

@@ -1,0 +1,104 @@
+"""The ring (scratchpad to scratchpad between cores) and the sync instructions (Signal/Wait, Barrier).
+Each orders cores: the vector clocks travel with the data or token, and the race check reads them.
+
+A RingSend copies its bytes into the destination scratchpad at once but marks them written only when
+the receiver's RingRecv completes: until then the receiver may neither read nor write them.
+A handler returns False while its core is blocked (nothing to receive, a barrier not yet full)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...program import Barrier, RingRecv, RingSend, Signal, Wait
+from .state import CoreState, InFlight, stick_slice
+
+
+class RingAndSync:
+    """Mixed into the execution; uses its ``cores``, ``active``, ``signals``, ``ring``, ``in_flight``,
+    ``barriers`` and ``stats``."""
+
+    def _check_peer(self, st: CoreState, core: int, what: str) -> None:
+        if core not in self.cores or core == st.id:
+            raise self._fail(st, f"{what} core {core} is not another core of this program")
+
+    def _ring_send(self, st: CoreState, ins: RingSend) -> bool:
+        self._check_peer(st, ins.dst_core, "ring destination")
+        self._check_span(st, ins.src_offset, ins.src_offset + ins.nbytes, "the ring source")
+        self._check_span(st, ins.dst_offset, ins.dst_offset + ins.nbytes, "the ring destination")
+        src = slice(ins.src_offset, ins.src_offset + ins.nbytes)
+        dst = slice(ins.dst_offset, ins.dst_offset + ins.nbytes)
+        self._require_written(st, st.written[src], ins.src_offset, "ring_send")
+        self._touch(st, src.start, src.stop)
+        for t in self.in_flight[ins.dst_core]:
+            if t.dst_offset < dst.stop and dst.start < t.dst_offset + t.nbytes:
+                raise self._fail(st, f"destination bytes [{dst.start}, {dst.stop}) of core {ins.dst_core} overlap a "
+                                     f"transfer still in flight from core {t.src_core} (instruction {t.src_index}); "
+                                     "the receiver must ring_recv it first")
+        target = self.cores[ins.dst_core]
+        self._check_overwrite(st, target, dst)
+        target.sp[dst] = st.sp[src]
+        # Until the receiver's ring_recv, the bytes are in flight: not readable there.
+        target.written[dst] = False
+        transfer = InFlight(st.id, st.pc, ins.dst_offset, ins.nbytes, st.release())
+        self.in_flight[ins.dst_core].append(transfer)
+        self.ring[(st.id, ins.dst_core, ins.tag)].append(transfer)
+        self.stats._add(self.stats.ring_bytes, st.id, ins.nbytes)
+        return True
+
+    def _check_overwrite(self, st: CoreState, target: CoreState, dst: slice) -> None:
+        """The receiver's earlier uses of the destination bytes must happen before this send lands, or
+        the data could arrive while the receiver still reads or writes them (whatever order this
+        simulation happened to run the cores in)."""
+        sticks = target.touched[stick_slice(dst.start, dst.stop)]
+        last = int(sticks.max()) if sticks.size else 0
+        if last > st.vc[target.id]:
+            raise self._fail(st, f"core {target.id} uses scratchpad bytes [{dst.start}, {dst.stop}) with nothing "
+                                 f"ordering that before this ring_send overwrites them; have core {target.id} "
+                                 "signal this core when the buffer is free, and wait for that before sending")
+
+    def _ring_recv(self, st: CoreState, ins: RingRecv) -> bool:
+        q = self.ring.get((ins.src_core, st.id, ins.tag))
+        if not q:
+            return False
+        t = q.popleft()
+        dst = slice(t.dst_offset, t.dst_offset + t.nbytes)
+        if st.written[dst].any():
+            raise self._fail(st, f"this core wrote scratchpad bytes [{dst.start}, {dst.stop}) while core "
+                                 f"{t.src_core}'s ring_send (instruction {t.src_index}) was in flight into them")
+        self.in_flight[st.id].remove(t)
+        self._mark_written(st, st.written[dst], dst.stop)
+        st.acquire(t.vc)
+        return True
+
+    def _signal(self, st: CoreState, ins: Signal) -> bool:
+        self._check_peer(st, ins.dst_core, "signal destination")
+        self.signals[(st.id, ins.dst_core, ins.tag)].append((st.release(), st.pc))
+        return True
+
+    def _wait(self, st: CoreState, ins: Wait) -> bool:
+        q = self.signals.get((ins.src_core, st.id, ins.tag))
+        if not q:
+            return False
+        vc, _ = q.popleft()
+        st.acquire(vc)
+        return True
+
+    def _barrier(self, st: CoreState, ins: Barrier) -> bool:
+        group = tuple(self.active) if ins.cores is None else ins.cores
+        if st.id not in group:
+            raise self._fail(st, f"core {st.id} is not in the barrier's core set {list(group)}")
+        if st.barrier_key is None:
+            key = (ins.tag, group, st.barrier_count[ins.tag])
+            inst = self.barriers.setdefault(key, {"arrived": {}, "vc": None})
+            inst["arrived"][st.id] = st.vc.copy()
+            st.barrier_key = key
+            if len(inst["arrived"]) == len(group):
+                inst["vc"] = np.max(np.stack(list(inst["arrived"].values())), axis=0)
+        inst = self.barriers[st.barrier_key]
+        if inst["vc"] is None:
+            return False
+        st.acquire(inst["vc"])
+        st.release()
+        st.barrier_count[ins.tag] += 1
+        st.barrier_key = None
+        return True

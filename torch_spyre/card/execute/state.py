@@ -1,0 +1,115 @@
+"""The executor's state: its error, each core's registers and clocks, the records the checks keep, and
+the scratchpads, which persist per card across executions."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...program import STICK_BYTES, Instruction, ProgramError, format_instruction
+
+
+class ExecutionError(ProgramError):
+    """A program that went wrong while running (the message names the core and the instruction)."""
+
+
+def short(ins: Instruction) -> str:
+    """An instruction's text on one line with single spaces, for quoting inside a message."""
+    return " ".join(format_instruction(ins).split())
+
+
+def stick_slice(lo: int, hi: int) -> slice:
+    """The scratchpad sticks holding bytes [lo, hi)."""
+    return slice(lo // STICK_BYTES, -(-hi // STICK_BYTES))
+
+
+# Scratchpads are kept per card across executions: allocating 2 MiB x 32 per launch costs more than the
+# typical kernel's work.
+class Scratchpads:
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self.data: dict[int, np.ndarray] = {}
+        self.written: dict[int, np.ndarray] = {}  # per byte: written in this execution
+        self.dirty_hi: dict[int, int] = {}  # written-mask bytes below this may be set
+        self.lock = threading.Lock()
+
+    def get(self, core: int) -> tuple[np.ndarray, np.ndarray]:
+        if core not in self.data:
+            self.data[core] = np.zeros(self.nbytes, dtype=np.uint8)
+            self.written[core] = np.zeros(self.nbytes, dtype=np.bool_)
+            self.dirty_hi[core] = 0
+        # A new execution starts with nothing written: clear only what the last one dirtied.
+        self.written[core][: self.dirty_hi[core]] = False
+        self.dirty_hi[core] = 0
+        return self.data[core], self.written[core]
+
+
+_SCRATCHPADS: "weakref.WeakKeyDictionary[Any, Scratchpads]" = weakref.WeakKeyDictionary()
+_SCRATCHPADS_LOCK = threading.Lock()
+
+
+def scratchpads(card: Any) -> Scratchpads:
+    """The card's scratchpads (made on first use, remade if the configured size changed)."""
+    with _SCRATCHPADS_LOCK:
+        sp = _SCRATCHPADS.get(card)
+        if sp is None or sp.nbytes != card.config.scratchpad_bytes:
+            sp = Scratchpads(card.config.scratchpad_bytes)
+            _SCRATCHPADS[card] = sp
+        return sp
+
+
+@dataclass
+class CoreState:
+    id: int
+    instrs: list[Instruction]
+    addrs: np.ndarray
+    sp: np.ndarray
+    written: np.ndarray
+    vc: np.ndarray  # vector clock: vc[id] is this core's epoch (from 1), the rest what it knows of others
+    touched: np.ndarray  # per scratchpad stick: this core's epoch when it last accessed it (0: never)
+    pc: int = 0
+    segment: int | None = None  # index of the current vector-clock snapshot used by DMA records
+    barrier_key: tuple | None = None  # the barrier instance this core has arrived at
+    barrier_count: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+
+    @property
+    def done(self) -> bool:
+        return self.pc >= len(self.instrs)
+
+    def release(self) -> np.ndarray:
+        """Publish this core's clock (to a Signal, RingSend or Barrier) and start a new epoch."""
+        snapshot = self.vc.copy()
+        self.vc[self.id] += 1
+        self.segment = None
+        return snapshot
+
+    def acquire(self, other: np.ndarray) -> None:
+        np.maximum(self.vc, other, out=self.vc)
+        self.segment = None
+
+
+@dataclass
+class DeviceAccess:
+    """One DMA's device sticks, for the race check."""
+
+    core: int
+    index: int
+    segment: int
+    write: bool
+    sticks: np.ndarray  # device stick numbers (address // 128)
+
+
+@dataclass
+class InFlight:
+    """A ring transfer sent but not yet received."""
+
+    src_core: int
+    src_index: int
+    dst_offset: int
+    nbytes: int
+    vc: np.ndarray

@@ -1,0 +1,67 @@
+"""``time_program``: cost every instruction, build the dependency graph, simulate it, report."""
+
+from __future__ import annotations
+
+from ...program import Program, ProgramError
+from ..config import CardConfig
+from .accounting import (
+    busiest_dma_channel_s,
+    busy_seconds,
+    bytes_moved,
+    compute_bound,
+    dram_bound,
+    count_flops,
+    verdict,
+)
+from .coster import Coster
+from .graph import Graph, rescan_received_bytes
+from .report import Interval, ProgramTiming
+from .simulation import Simulation
+
+
+def time_program(program: Program, config: CardConfig) -> ProgramTiming:
+    """Time ``program`` on a card with ``config``. Raises ProgramError for programs that cannot finish."""
+    for core in program.cores:
+        if not 0 <= core < config.num_cores:
+            raise ProgramError(f"core {core} does not exist (the card has {config.num_cores})", core)
+    graph = Graph(program, Coster(config))
+    rescan_received_bytes(graph)
+    sim = Simulation(graph, config)
+    sim.run()
+    fixed = config.kernel_fixed_cost_s
+    makespan = max(sim.end, default=0.0)
+    intervals = [
+        Interval(n.core, n.index, n.engine, n.instr.OP, fixed + sim.start[i], fixed + sim.end[i])
+        for i, n in enumerate(graph.nodes)
+    ]
+    busy = busy_seconds(graph, intervals)
+    moved = bytes_moved(graph)
+    flops, pe_flops = count_flops(graph)
+    compute_s = compute_bound(graph, config, pe_flops)
+    dram_s = dram_bound(moved, config)
+    dram_busy = sim.busy.get("dram", 0.0)
+    ring_s = max((b for r, b in sim.busy.items() if r != "dram"), default=0.0)
+    total = fixed + makespan
+    bounds = {
+        "dram-bound": dram_busy,
+        "dma-engine-bound": busiest_dma_channel_s(graph, config),
+        "compute-bound": max((b["pe"] for b in busy.values()), default=0.0),
+        "vector-bound": max((b["vector"] for b in busy.values()), default=0.0),
+        "ring-bound": ring_s,
+    }
+    return ProgramTiming(
+        program_name=program.name,
+        total_s=total,
+        fixed_cost_s=fixed,
+        intervals=intervals,
+        busy_s=busy,
+        bytes=moved,
+        flops=flops,
+        pe_flops=pe_flops,
+        compute_bound_s=compute_s,
+        dram_bound_s=dram_s,
+        dram_busy_s=dram_busy,
+        ring_link_busiest_s=ring_s,
+        bottleneck=verdict(total, fixed, bounds),
+        config=config,
+    )
