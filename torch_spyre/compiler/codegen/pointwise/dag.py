@@ -19,11 +19,10 @@ class Dag:
         self.values: list[Value] = []
         self._cse: dict[tuple, int] = {}
         self.stored: dict[str, list[int]] = {}  # buffer -> store value gids, in order
+        self.aliases: dict[int, int] = {}  # loads served from values of this kernel (``set_aliases``)
         for ni, node in enumerate(spec.nodes):
             self._add_node(ni, node)
-        self._extents()
-        self._phases()
-        self._guards()
+        self._annotate()
 
     def _new(self, op: str, args: list[Any], dtype: str | None, node: int, **attrs: Any) -> int:
         """Append a value, or return the identical one already there (common subexpressions across the
@@ -133,7 +132,7 @@ class Dag:
     # --- extents and phases ---------------------------------------------------------------------
     def _extents(self) -> None:
         placements = [n.placement for n in self.spec.nodes]
-        aliases = getattr(self, "aliases", {})
+        aliases = self.aliases
         for v in self.values:
             if v.gid in aliases:
                 v.extent = self.values[aliases[v.gid]].extent
@@ -194,12 +193,16 @@ class Dag:
     def set_aliases(self, aliases: dict[int, int]) -> None:
         """Loads served from values of this kernel take the extent and phase of those values."""
         self.aliases = dict(aliases)
+        self._annotate()
+
+    def _annotate(self) -> None:
+        """Each value's extent, phase and guards (in that order: each needs the one before)."""
         self._extents()
         self._phases()
         self._guards()
 
     def _phases(self) -> None:
-        aliases = getattr(self, "aliases", {})
+        aliases = self.aliases
         for v in self.values:
             if v.gid in aliases:
                 src = self.values[aliases[v.gid]]
@@ -228,7 +231,7 @@ class Dag:
     def _guards(self) -> None:
         """The static masks under which each value exists (Inductor's ``masked``): loads carry them, ops
         inherit them, ``where(mask, a, b)`` removes ``mask`` from its branches'."""
-        aliases = getattr(self, "aliases", {})
+        aliases = self.aliases
         for v in self.values:
             # A load served from scratchpad reads nothing out of range: its masks do not restrict it.
             g = set(v.attrs.get("guards", [])) if v.op == "load" and v.gid not in aliases else set()

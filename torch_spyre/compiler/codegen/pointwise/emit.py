@@ -12,7 +12,7 @@ import numpy as np
 from ....program import STICK_BYTES, Addr, DmaLoad, DmaStore, Elementwise, Scalar
 from ... import access
 from ...kernel_ir import LoweringError
-from .analysis import Box, Chunk
+from .analysis import AccessInTile, Box, Chunk
 from .fold import fold_scalar
 from .schedule import Step
 from .sym import Sym, SymInstr, dense, fit_input
@@ -57,10 +57,15 @@ class Emitter:
     def _emit_loads(self, owner: Step, out: list[SymInstr]) -> None:
         for g in owner.loads:
             a = owner.chunk.accesses[g]
-            buf = f"ld{g}.{owner.parity}"
-            for first, rank, pat in access.stick_patterns(a.sticks.sticks):
-                self._add(out, DmaLoad, src=Addr(a.buffer, first * STICK_BYTES),
-                          sp_offset=Sym(buf, rank * STICK_BYTES, "uint8", (1,), (1,)), pattern=pat)
+            self._dma_sticks(out, DmaLoad, a, f"ld{g}.{owner.parity}")
+
+    def _dma_sticks(self, out: list[SymInstr], cls: type, a: AccessInTile, sp_buf: str) -> None:
+        """DMAs between the sticks access ``a`` touches and scratchpad buffer ``sp_buf`` (the sticks one
+        after the other, in device order): ``DmaLoad`` into it or ``DmaStore`` out of it."""
+        where = "src" if cls is DmaLoad else "dst"
+        for first, rank, pat in access.stick_patterns(a.sticks.sticks):
+            self._add(out, cls, **{where: Addr(a.buffer, first * STICK_BYTES)},
+                      sp_offset=Sym(sp_buf, rank * STICK_BYTES, "uint8", (1,), (1,)), pattern=pat)
 
     def _emit_step(self, s: Step, out: list[SymInstr]) -> None:
         ch = s.chunk
@@ -87,10 +92,7 @@ class Emitter:
                 for bi, b in enumerate(bxs):
                     self._emit_value_box(v, s, b, bi, out)
         for g in stores:
-            a = ch.accesses[g]
-            for first, rank, pat in access.stick_patterns(a.sticks.sticks):
-                self._add(out, DmaStore, dst=Addr(a.buffer, first * STICK_BYTES),
-                          sp_offset=Sym(f"st{g}", rank * STICK_BYTES, "uint8", (1,), (1,)), pattern=pat)
+            self._dma_sticks(out, DmaStore, ch.accesses[g], f"st{g}")
 
     def _direct_stores(self) -> tuple[dict[int, int], set[int]]:
         """Values whose only use is a store are computed straight into the store's staging sticks (the
@@ -224,9 +226,7 @@ class Emitter:
         lanes = self.places[a.buffer].lanes
         covered = np.unique(a.sticks.position).size
         if covered < a.sticks.sticks.size * lanes:
-            for first, rank, pat in access.stick_patterns(a.sticks.sticks):
-                self._add(out, DmaLoad, src=Addr(a.buffer, first * STICK_BYTES),
-                          sp_offset=Sym(f"st{g}", rank * STICK_BYTES, "uint8", (1,), (1,)), pattern=pat)
+            self._dma_sticks(out, DmaLoad, a, f"st{g}")
 
     def _staging_view(self, store_gid: int, s: Step, box: Box) -> Sym:
         a = s.chunk.accesses[store_gid]

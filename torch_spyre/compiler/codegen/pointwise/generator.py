@@ -13,6 +13,7 @@ from ....program import Operand, Program, dram_spans, row_major_strides
 from ... import access
 from ...access import TensorView
 from ...decisions import BufferDecision
+from ...placement import first_cores
 from ...kernel_ir import KernelSpec, LoweringError
 from ...scratchpad import ScratchpadOverflowError, SpBuffer, plan
 from .analysis import Chunk, KernelGen
@@ -127,7 +128,7 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
         self._iota_span = 1 + sum((t - 1) * st for t, st in zip(tr, row_major_strides(self.spec.r_sizes)))
         sched = Scheduler(self.dag, self.aliases, persistent)
         cores: dict[int, list[SymInstr]] = {}
-        for core, (xo, xs) in enumerate(cboxes):
+        for core, (xo, xs) in zip(first_cores(len(cboxes), self.config), cboxes):
             steps: list[Step] = []
             for t, (txo, txs) in enumerate(boxes(xo, xs, tx)):
                 steps.extend(self._tile_steps(sched, t, txo, txs, tr, persistent))
@@ -194,7 +195,7 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
                     owner.loads.append(g)
 
 
-    # --- placement ------------------------------------------------------------------------------------
+    # --- the scratchpad plan ------------------------------------------------------------------------
     def _place(self, cores: dict[int, list[SymInstr]]):
         """Scratchpad offsets for every symbolic buffer: one liveness plan shared by all cores."""
         size: dict[str, int] = {}

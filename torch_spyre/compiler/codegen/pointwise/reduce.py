@@ -78,9 +78,7 @@ class Reducer:
                 cur_shape[ax] = 1
                 last = k == len(r_axes) - 1
                 if last:
-                    acc_shape = tuple(cur_shape)
-                    dst = Sym(acc.buf, acc.rel, acc.dtype, acc_shape,
-                              tuple(0 if acc_shape[i] == 1 else acc.strides[i] for i in range(len(acc_shape))))
+                    dst = _reduced(acc, tuple(cur_shape))
                     self._add(out, Reduce, op=v.attrs["reduction"], out=dst, inp=cur, axis=ax, accumulate=True)
                 else:
                     tmp = Sym(f"t{v.gid}.{k % 2}", 0, dt, tuple(cur_shape), row_major_strides(cur_shape))
@@ -91,9 +89,7 @@ class Reducer:
         """Fold a constant over the box's reduced elements into the accumulator, in place."""
         shape, _ = box.refined
         n = math.prod(shape[a] for a in r_axes)
-        acc_shape = tuple(1 if a in r_axes else shape[a] for a in range(len(shape)))
-        view = Sym(acc.buf, acc.rel, acc.dtype, acc_shape,
-                   tuple(0 if acc_shape[i] == 1 else acc.strides[i] for i in range(len(acc_shape))))
+        view = _reduced(acc, tuple(1 if a in r_axes else shape[a] for a in range(len(shape))))
         kind = v.attrs["reduction"]
         if kind == "sum":
             op, value = "add", c.value * n
@@ -102,3 +98,8 @@ class Reducer:
         else:
             op, value = ("maximum" if kind == "max" else "minimum"), c.value
         self._add(out, Elementwise, op=op, out=view, inputs=(view, Scalar(value)))
+
+
+def _reduced(acc: Sym, shape: tuple[int, ...]) -> Sym:
+    """The accumulator ``acc`` seen with the reduced axes' sizes 1 (``shape``): those axes stride 0."""
+    return Sym(acc.buf, acc.rel, acc.dtype, shape, tuple(0 if shape[i] == 1 else acc.strides[i] for i in range(len(shape))))
