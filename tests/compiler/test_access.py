@@ -7,7 +7,7 @@ import pytest
 
 from torch_spyre.card import StickLayout
 from torch_spyre.compiler import access
-from torch_spyre.compiler.access import AccessError, TensorPlace
+from torch_spyre.compiler.access import AccessError, TensorView
 
 
 def grid(*shape):
@@ -28,7 +28,7 @@ def test_evaluate_inductor_index_functions():
 
 def test_device_elements_follow_the_layout_and_offset():
     lay = StickLayout((5, 100, 150), 2, "dlfloat16")
-    place = TensorPlace(lay, 150)
+    place = TensorView.whole("t", lay, 150)
     host = np.arange(10)
     np.testing.assert_array_equal(access.device_elements(place, host), lay.device_offsets(host + 150))
     with pytest.raises(AccessError, match="outside its allocation"):
@@ -37,7 +37,7 @@ def test_device_elements_follow_the_layout_and_offset():
 
 def test_stick_set_positions_and_patterns():
     lay = StickLayout((8, 128), 1, "dlfloat16")  # device [2 sticks, 8 rows, 64]
-    place = TensorPlace(lay, 0)
+    place = TensorView.whole("t", lay)
     r, c = grid(8, 128)
     dev = access.device_elements(place, 128 * r + c)
     ss = access.stick_set(place, dev)
@@ -52,7 +52,7 @@ def test_stick_set_positions_and_patterns():
 
 def test_affine_views_split_rows_at_stick_boundaries():
     lay = StickLayout((8, 256), 1, "float32")  # 32 lanes, 8 sticks per row
-    place = TensorPlace(lay, 0)
+    place = TensorView.whole("t", lay)
     r, c = grid(4, 256)
     pos = access.stick_set(place, access.device_elements(place, 256 * r + c)).position
     assert access.affine_strides(pos) is None
@@ -65,7 +65,7 @@ def test_affine_views_split_rows_at_stick_boundaries():
 
 def test_transposed_read_is_affine_in_blocks():
     lay = StickLayout((64, 64), 1, "dlfloat16")
-    place = TensorPlace(lay, 0)
+    place = TensorView.whole("t", lay)
     i, j = grid(64, 64)
     pos = access.stick_set(place, access.device_elements(place, 64 * j + i)).position  # a.T
     base, strides = access.affine_strides(pos)

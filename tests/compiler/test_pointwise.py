@@ -1,4 +1,4 @@
-"""codegen_pointwise without Inductor: hand-written KernelSpecs -> programs -> the simulated card.
+"""codegen/pointwise without Inductor: hand-written KernelSpecs -> programs -> the simulated card.
 
 Each test builds a :class:`KernelSpec` the way kernel_ir would, places its tensors in chosen stick
 layouts, generates the program, prepares it (validation, timing) and launches it on a fresh card, then
@@ -12,8 +12,8 @@ import pytest
 
 from torch_spyre.card import Card, StickLayout, load_config
 from torch_spyre.card.dlfloat16 import from_float32, to_float32
-from torch_spyre.compiler.access import TensorPlace
-from torch_spyre.compiler.codegen_pointwise import AddressSpanError, generate
+from torch_spyre.compiler.access import TensorView
+from torch_spyre.compiler.codegen.pointwise import AddressSpanError, generate
 from torch_spyre.compiler.kernel_ir import BufferSpec, KernelSpec, LoweringError, NodeSpec, Op, UnsupportedDtypeError
 from torch_spyre.compiler.scratchpad import ScratchpadOverflowError
 from torch_spyre.program import DmaLoad, Elementwise, Reduce
@@ -46,7 +46,7 @@ def run(spec: KernelSpec, inputs: dict, layouts: dict, offsets: dict | None = No
         host = inputs.get(b.name, np.zeros(layout.numel, np.float32)).reshape(-1)
         enc = from_float32(host.astype(np.float32)) if layout.device_dtype == "dlfloat16" else host.astype(layout.storage_dtype)
         dev[:] = layout.pack(enc)
-        places[b.name] = TensorPlace(layout, offsets.get(b.name, 0))
+        places[b.name] = TensorView.whole(b.name, layout, offsets.get(b.name, 0))
         allocs[b.name] = alloc
     program = generate(spec, places, config)
     prepared = prepare(program, card)

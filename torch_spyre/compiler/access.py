@@ -11,8 +11,9 @@ transposes, slices, ``FloorDiv``/``ModularIndexing`` reshapes):
    a constant stride);
 3. each element's scratchpad position is ``rank(stick) * lanes + lane``; the tile is usable by a vector
    instruction when those positions are an affine function of the tile coordinates, possibly after
-   splitting a dimension at a stick boundary (:func:`affine_view`). When they are not, the caller splits
-   the tile into smaller boxes (:func:`split_point` says where).
+   splitting a dimension at a stick boundary (:func:`choose_splits` picks the mixed-radix splits,
+   :func:`affine_strides` finds the strided view). When they are not, the caller splits the tile into
+   smaller boxes (:func:`split_point` / :func:`uniform_split` say where).
 """
 
 from __future__ import annotations
@@ -158,8 +159,9 @@ class TensorView:
     # --- constructors ---------------------------------------------------------------------------
     @staticmethod
     def whole(name: str, layout: StickLayout, storage_offset: int = 0) -> "TensorView":
-        """The whole allocation, as allocated (shifted by ``storage_offset``)."""
-        return TensorView(name, layout, layout.host_shape, layout.host_strides, storage_offset)
+        """The whole allocation, as allocated (shifted by ``storage_offset``). Row-major strides of the
+        host shape itself: a 0-d allocation is a 0-d view (``layout.host_strides`` counts it as [1])."""
+        return TensorView(name, layout, layout.host_shape, None, storage_offset)
 
     @staticmethod
     def contiguous(name: str, shape: Sequence[int], device_dtype: str, stick_dim: int = -1) -> "TensorView":
@@ -207,7 +209,8 @@ class TensorView:
 
 
 def TensorPlace(layout: StickLayout, storage_offset: int) -> TensorView:  # noqa: N802 (migration shim)
-    """Transitional: the whole allocation at ``storage_offset`` (pointwise still builds its places so)."""
+    """Transitional: the whole allocation at ``storage_offset``. Nothing in torch_spyre uses it any more
+    (the generators take ``TensorView.whole``); only tests still do, until the integrator removes it."""
     return TensorView.whole("", layout, storage_offset)
 
 

@@ -133,7 +133,7 @@ class KernelSpec:
     buffers: list[BufferSpec]
     source_ops: list[str] = field(default_factory=list)
     source_lines: list[str] = field(default_factory=list)
-    # Which program generator builds it: "" = pointwise/reduction (codegen_pointwise); other
+    # Which program generator builds it: "" = pointwise/reduction (codegen/pointwise); other
     # generators (matmul, attention, gather) register in wrapper.GENERATORS and read ``params``.
     generator: str = ""
     params: dict[str, Any] = field(default_factory=dict)
@@ -259,7 +259,7 @@ class _Ref:
         return f"%{self.id}"
 
 
-# Pointwise ops the card computes, with the program op each becomes (see codegen_pointwise).
+# Pointwise ops the card computes, with the program op each becomes (see codegen/pointwise).
 POINTWISE_OPS = {
     "add", "sub", "mul", "truediv", "div", "neg", "abs", "relu", "exp", "log", "sqrt", "rsqrt",
     "reciprocal", "tanh", "sigmoid", "erf", "sin", "cos", "floor", "ceil", "round", "sign", "logical_not",
@@ -337,7 +337,7 @@ class RecordingHandler:
     def reduction(self, dtype, src_dtype, reduction_type, value):
         if reduction_type == "welford_reduce":
             return self._welford(dtype, value)
-        if reduction_type not in ("sum", "max", "min", "prod", "any", "argmax", "argmin"):  # arg*: codegen_pointwise
+        if reduction_type not in ("sum", "max", "min", "prod", "any", "argmax", "argmin"):  # arg*: codegen/pointwise
             raise LoweringError(
                 f"reduction {reduction_type!r} has no Spyre lowering yet (supported: sum, max, min, prod, any, "
                 "argmax, argmin, welford via mean/var); the op using it cannot be compiled for spyre"

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import SpyreError
 from ..card.layout import StickLayout
 from ..program import Program
-from .access import TensorPlace
+from .access import TensorView
 from .kernel_ir import BufferSpec, KernelSpec, NodeSpec, Op
 
 # device dtype -> the host dtype name a KernelSpec uses
@@ -47,10 +47,10 @@ def relayout_program(src: StickLayout, dst: StickLayout, config: Any, name: str 
     """The program copying a tensor stored as ``src`` into an allocation laid out as ``dst``."""
     if tuple(src.host_shape) != tuple(dst.host_shape) or src.device_dtype != dst.device_dtype:
         raise RelayoutError(f"a relayout keeps the host shape and dtype: {src.describe()} -> {dst.describe()}")
-    from .codegen_pointwise import generate
+    from .codegen.pointwise import generate
 
     program = generate(relayout_spec(src.host_shape, src.device_dtype, name),
-                       {"src": TensorPlace(src, 0), "dst": TensorPlace(dst, 0)}, config)
+                       {"src": TensorView.whole("src", src), "dst": TensorView.whole("dst", dst)}, config)
     d = program.metadata["decisions"]
     d["kind"] = "relayout"
     d["notes"] = list(d.get("notes", [])) + [f"stick dim {src.stick_dim} -> {dst.stick_dim}"]

@@ -122,7 +122,7 @@ def register_builtin_generators() -> None:
 
 def _generator(spec: KernelSpec) -> Callable[..., Any]:
     if not spec.generator:
-        from .codegen_pointwise import generate
+        from .codegen.pointwise import generate
 
         return generate
     if spec.generator not in GENERATORS:
@@ -221,7 +221,7 @@ class SpyreKernel:
 
     def placements(self, tensors: dict[str, torch.Tensor]):
         from ..device.storage import allocation_of
-        from .access import TensorPlace
+        from .access import TensorView
 
         places, allocs, card = {}, {}, None
         for b in self.spec.buffers:
@@ -235,7 +235,7 @@ class SpyreKernel:
             if card is not None and c != card:
                 raise RuntimeError(f"kernel {self.name}: tensors on spyre:{card} and spyre:{c}; move them to one card")
             card = c
-            places[b.name] = TensorPlace(alloc.meta["layout"], int(t.storage_offset()))
+            places[b.name] = TensorView.whole(b.name, alloc.meta["layout"], int(t.storage_offset()))
             allocs[b.name] = alloc
         return places, allocs, card
 

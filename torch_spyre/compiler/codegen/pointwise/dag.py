@@ -1,0 +1,250 @@
+"""A kernel's nodes as one DAG of :class:`~.values.Value`: Inductor's ops lowered to the card's ops,
+common subexpressions shared across nodes, each value's extent, phase and the static masks (guards)
+under which it exists."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ...kernel_ir import KernelSpec, LoweringError
+from .values import BOOL_ONLY_OPS, DIRECT_OPS, Value, literal
+
+
+class Dag:
+    """All nodes' ops as one DAG of :class:`Value` with extents and phases."""
+
+    def __init__(self, spec: KernelSpec):
+        self.spec = spec
+        self.values: list[Value] = []
+        self._cse: dict[tuple, int] = {}
+        self.stored: dict[str, list[int]] = {}  # buffer -> store value gids, in order
+        self.aliases: dict[int, int] = {}  # loads served from values of this kernel (``set_aliases``)
+        for ni, node in enumerate(spec.nodes):
+            self._add_node(ni, node)
+        self._annotate()
+
+    def _new(self, op: str, args: list[Any], dtype: str | None, node: int, **attrs: Any) -> int:
+        """Append a value, or return the identical one already there (common subexpressions across the
+        kernel's nodes: Inductor repeats a softmax's exp(x - max) in the node that normalises it)."""
+        key = self._cse_key(op, args, dtype, node, attrs)
+        if key is not None and key in self._cse:
+            return self._cse[key]
+        v = Value(len(self.values), op, args, dtype, node, attrs)
+        self.values.append(v)
+        if key is not None:
+            self._cse[key] = v.gid
+        return v.gid
+
+    def _cse_key(self, op: str, args: list[Any], dtype: str | None, node: int, attrs: dict[str, Any]):
+        if op in ("store", "reduction", "indirect"):
+            return None
+        if op in ("load", "static"):
+            if "ind" in attrs["index"]:  # indirect symbols are per node
+                return None
+            n = self.spec.nodes[node]
+            space = (n.placement, tuple(n.sizes), tuple(n.reduction_sizes))
+            return (op, attrs["index"], attrs.get("buffer"), tuple(attrs.get("guards", [])), dtype, space)
+        if op == "const":
+            return (op, repr(args[0]), type(args[0]).__name__, dtype)
+        return (op, tuple(args), dtype, tuple(sorted((k, repr(v)) for k, v in attrs.items())))
+
+    def _add_node(self, ni: int, node: Any) -> None:
+        local: dict[int, int] = {}
+
+        def ref(a: int) -> int:
+            return local[a]
+
+        for o in node.ops:
+            args = [ref(a) for a in o.args]
+            if o.op == "load":
+                gid = self._new("load", [], o.dtype, ni, buffer=o.attrs["buffer"], index=o.attrs["index"],
+                                guards=[local[g] for g in o.attrs.get("guards", [])])
+            elif o.op == "store":
+                gid = self._new("store", args, o.dtype, ni, buffer=o.attrs["buffer"], index=o.attrs["index"])
+                self.stored.setdefault(o.attrs["buffer"], []).append(gid)
+            elif o.op == "constant":
+                gid = self._new("const", [literal(o.attrs["value"])], o.dtype, ni)
+            elif o.op == "index_expr":
+                gid = self._new("static", [], o.dtype, ni, index=o.attrs["index"], kind="index")
+            elif o.op == "reduction" and o.attrs["reduction"] in ("argmax", "argmin"):
+                gid = self._arg_reduction(o.attrs["reduction"], args[0], o.dtype, ni)
+            elif o.op == "reduction":
+                gid = self._new("reduction", args, o.dtype, ni, reduction=o.attrs["reduction"])
+            elif o.op == "to_dtype":
+                gid = self._new("to_dtype", args, o.dtype, ni)
+            elif o.op == "indirect":
+                gid = self._new("indirect", args, o.dtype, ni, **o.attrs)
+            elif o.op == "identity":
+                gid = args[0]
+            else:
+                gid = self._lower_pointwise(o.op, args, o.dtype, ni)
+            local[o.id] = gid
+
+    def _arg_reduction(self, kind: str, x: int, dtype: str | None, ni: int) -> int:
+        """argmax/argmin(x) as two reductions: m = max/min(x), then the least position whose value is m,
+        or is NaN (torch returns the first NaN; max/min propagate a NaN into m, so then no value equals
+        m and only NaNs are candidates). Positions come from ``rindex`` (an on-chip iota); fp32 holds them
+        exactly up to 2**24, past that they are int64."""
+        n = math.prod(self.spec.r_sizes) if self.spec.r_sizes else 1
+        pdt = "float32" if n <= 1 << 24 else "int64"
+        x_dt = self.values[x].dtype
+        m = self._new("reduction", [x], x_dt, ni, reduction="max" if kind == "argmax" else "min")
+        hit = self._new("eq", [x, m], "bool", ni)
+        if x_dt in ("float16", "bfloat16", "float32", "float64"):
+            hit = self._new("logical_or", [hit, self._new("ne", [x, x], "bool", ni)], "bool", ni)
+        pos = self._new("rindex", [], pdt, ni)
+        none = self._new("const", [float(n) if pdt == "float32" else n], pdt, ni)  # past every position
+        first = self._new("reduction", [self._new("where", [hit, pos, none], pdt, ni)], pdt, ni, reduction="min")
+        return self._new("to_dtype", [first], dtype or "int64", ni)
+
+    def _lower_pointwise(self, op: str, args: list[Any], dtype: str | None, ni: int) -> int:
+        """Inductor pointwise ops in terms of the card's elementwise ops."""
+        if op in DIRECT_OPS:
+            return self._new(DIRECT_OPS[op], args, dtype, ni)
+        if op in BOOL_ONLY_OPS:
+            kinds = {self.values[a].dtype for a in args}
+            if kinds - {"bool"}:
+                raise LoweringError(f"{op} on {sorted(k for k in kinds if k)} has no Spyre lowering: the vector unit "
+                                    "has logical, not bitwise, operations (bool operands only)")
+            return self._new(BOOL_ONLY_OPS[op], args, "bool", ni)
+        c = lambda v: self._new("const", [v], "float32", ni)  # noqa: E731
+        if op == "expm1":
+            return self._new("sub", [self._new("exp", args, dtype, ni), c(1.0)], dtype, ni)
+        if op == "log1p":
+            return self._new("log", [self._new("add", [args[0], c(1.0)], dtype, ni)], dtype, ni)
+        if op == "exp2":
+            return self._new("exp", [self._new("mul", [args[0], c(math.log(2.0))], dtype, ni)], dtype, ni)
+        if op == "log2":
+            return self._new("mul", [self._new("log", args, dtype, ni), c(1.0 / math.log(2.0))], dtype, ni)
+        if op == "log10":
+            return self._new("mul", [self._new("log", args, dtype, ni), c(1.0 / math.log(10.0))], dtype, ni)
+        if op == "isnan":
+            return self._new("ne", [args[0], args[0]], "bool", ni)
+        if op == "isinf":
+            return self._new("eq", [self._new("abs", args, dtype, ni), c(float("inf"))], "bool", ni)
+        if op in ("trunc", "trunc_to_int"):
+            # trunc(x) = sign(x) * floor(|x|)
+            fl = self._new("floor", [self._new("abs", args, dtype, ni)], dtype, ni)
+            return self._new("mul", [self._new("sign", args, dtype, ni), fl], dtype, ni)
+        raise LoweringError(f"pointwise op {op!r} has no Spyre lowering yet")
+
+    # --- extents and phases ---------------------------------------------------------------------
+    def _extents(self) -> None:
+        placements = [n.placement for n in self.spec.nodes]
+        aliases = self.aliases
+        for v in self.values:
+            if v.gid in aliases:
+                v.extent = self.values[aliases[v.gid]].extent
+                continue
+            node_full = placements[v.node] in ("full", "reduction")
+            if v.op == "const":
+                v.extent = "scalar"
+            elif v.op in ("static", "indirect"):
+                v.extent = "static"
+            elif v.op == "rindex":
+                v.extent = "full"
+            elif v.op == "load":
+                v.extent = "full" if node_full else "outer"
+            elif v.op == "reduction":
+                v.extent = "outer"
+            elif v.op == "store" and self.values[v.args[0]].extent in ("static", "scalar"):
+                # a store of an index-only value (arange, full) still writes every element
+                v.extent = "full" if node_full else "outer"
+            else:
+                ins = [self.values[a].extent for a in self.inputs(v)]
+                if "full" in ins:
+                    v.extent = "full"
+                elif "outer" in ins:
+                    v.extent = "outer"
+                elif "static" in ins:
+                    v.extent = "static"
+                else:
+                    v.extent = "scalar"
+
+    def inputs(self, v: Value) -> list[int]:
+        return [] if v.op == "const" else [a for a in v.args if isinstance(a, int) and not isinstance(a, bool)]
+
+    def merge(self, canon: dict[int, int]) -> None:
+        """Replace values by equal ones (``canon``: gid -> the gid it equals), then merge the pure ops
+        that become identical, in one forward pass. Replaced values stay in the list, unused."""
+        canon = dict(canon)
+
+        def c(a: int) -> int:
+            while a in canon:
+                a = canon[a]
+            return a
+
+        seen: dict[tuple, int] = {}
+        for v in self.values:
+            if v.op == "const":
+                continue
+            v.args = [c(a) for a in v.args]
+            if "guards" in v.attrs:
+                v.attrs["guards"] = [c(g) for g in v.attrs["guards"]]
+            if v.op in ("store", "reduction", "indirect", "load", "static") or v.gid in canon:
+                continue
+            key = (v.op, tuple(v.args), v.dtype)
+            if key in seen:
+                canon[v.gid] = seen[key]
+            else:
+                seen[key] = v.gid
+
+    def set_aliases(self, aliases: dict[int, int]) -> None:
+        """Loads served from values of this kernel take the extent and phase of those values."""
+        self.aliases = dict(aliases)
+        self._annotate()
+
+    def _annotate(self) -> None:
+        """Each value's extent, phase and guards (in that order: each needs the one before)."""
+        self._extents()
+        self._phases()
+        self._guards()
+
+    def _phases(self) -> None:
+        aliases = self.aliases
+        for v in self.values:
+            if v.gid in aliases:
+                src = self.values[aliases[v.gid]]
+                v.extent, v.phase = src.extent, src.phase
+                continue
+            ins = [self.values[a] for a in self.inputs(v)]
+            if v.op == "reduction":
+                v.phase = ins[0].phase if ins[0].extent == "full" else 0
+            elif v.extent == "full":
+                p = 0
+                for i in ins:
+                    if i.extent == "full":
+                        p = max(p, i.phase)
+                    elif i.extent == "outer":
+                        p = max(p, i.phase + 1)
+                v.phase = p
+            elif v.extent == "outer":
+                # stage after which the value exists; -1: before any pass
+                v.phase = max([i.phase for i in ins if i.extent == "outer"] or [-1])
+                if v.op == "load":
+                    v.phase = -1
+            else:
+                v.phase = -1
+        self.n_phases = 1 + max([v.phase for v in self.values if v.extent == "full"] or [0])
+
+    def _guards(self) -> None:
+        """The static masks under which each value exists (Inductor's ``masked``): loads carry them, ops
+        inherit them, ``where(mask, a, b)`` removes ``mask`` from its branches'."""
+        aliases = self.aliases
+        for v in self.values:
+            # A load served from scratchpad reads nothing out of range: its masks do not restrict it.
+            g = set(v.attrs.get("guards", [])) if v.op == "load" and v.gid not in aliases else set()
+            ins = self.inputs(v)
+            if v.op == "where":
+                c = ins[0]
+                g |= self.values[c].guards
+                for a in ins[1:]:
+                    g |= self.values[a].guards - {c}
+            else:
+                for a in ins:
+                    g |= self.values[a].guards
+            v.guards = g
+
+    def reductions(self) -> list[Value]:
+        return [v for v in self.values if v.op == "reduction"]

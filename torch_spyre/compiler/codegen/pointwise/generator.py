@@ -1,0 +1,277 @@
+"""The pointwise generator's driver: aliases (loads served from values of this kernel), the division of
+the outer space over the cores, the tile search (shrink until the scratchpad plan fits), the schedule of
+each tile, emission, the scratchpad plan and the decisions recorded in the program."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ....program import Operand, Program, dram_spans, row_major_strides
+from ... import access
+from ...access import TensorView
+from ...decisions import BufferDecision
+from ...placement import first_cores
+from ...kernel_ir import KernelSpec, LoweringError
+from ...scratchpad import ScratchpadOverflowError, SpBuffer, plan
+from .analysis import Chunk, KernelGen
+from .emit import Emitter
+from .reduce import Reducer
+from .schedule import Scheduler, Step
+from .sym import SymInstr
+from .tiling import boxes, core_boxes, shrink, split_counts
+from .values import AddressSpanError
+
+
+class PointwiseGenerator(Emitter, Reducer, KernelGen):
+    """Builds the program of one pointwise/reduction kernel."""
+
+    def generate(self) -> Program:
+        spec = self.spec
+        if any(n == 0 for n in spec.x_sizes + spec.r_sizes):
+            raise LoweringError(f"kernel {spec.name} has an empty iteration space; the wrapper skips it")
+        self.aliases = self._find_aliases()
+        self.dag.set_aliases(self.aliases)
+        self.direct, self.elided = self._direct_stores()
+        cboxes = self._divide()
+        tried = []
+        tx = list(cboxes[0][1])
+        tr = list(self.spec.r_sizes)
+        lanes = max(self.factors) if self.factors else 64
+        while True:
+            tried.append({"tile": list(tx), "rchunk": list(tr)})
+            try:
+                cores, base, sp_plan, persistent = self._build(cboxes, tuple(tx), tuple(tr))
+                break
+            except ScratchpadOverflowError as err:
+                last = err
+                tried[-1]["result"] = f"needs {err.needed} B > {err.capacity} B"
+            if not shrink(tx, lanes) and not shrink(tr, lanes):
+                err = ScratchpadOverflowError(last.needed, last.capacity, last.live, last.step)
+                err.add_note(f"kernel {spec.name}: even the smallest tile (x {tx}, reduction chunk {tr}) does "
+                             f"not fit the {last.capacity} plannable scratchpad bytes "
+                             "(config.scratchpad_plannable_bytes)")
+                raise err from None
+        program = Program(spec.name, self._operands(), {c: [si.place(base) for si in ins] for c, ins in cores.items()})
+        self._check_span(program)
+        self._record(cboxes, tx, tr, persistent, sp_plan, tried, program)
+        program.metadata["decisions"] = self.decisions.to_dict()
+        program.metadata["source_ops"] = list(spec.source_ops)
+        return program
+
+    # --- aliases (loads served from values of this kernel) ----------------------------------------
+    def _find_aliases(self) -> dict[int, int]:
+        if not any(self.dag.stored.get(v.attrs.get("buffer")) for v in self.dag.values if v.op == "load"):
+            return {}
+        spec = self.spec
+        xs = tuple(spec.x_sizes)
+        ch = Chunk(0, 0, tuple(0 for _ in xs), xs, tuple(0 for _ in spec.r_sizes), tuple(spec.r_sizes))
+        ch.accessed = [v.gid for v in self.dag.values if v.op in ("load", "store")]
+        self.analyse(ch, outer_only=True)
+        aliases = {g: a.alias for g, a in ch.accesses.items() if a.alias is not None}
+        self._merge_equal_loads(ch, aliases)
+        return aliases
+
+    def _merge_equal_loads(self, ch: Chunk, aliases: dict[int, int]) -> None:
+        """With the whole iteration space analysed (``ch``), loads of the same elements in different
+        nodes (a softmax reads x in its max, sum and normalising nodes) and loads served from scratchpad
+        become one value each, and the ops above them merge too (``Dag.merge``)."""
+        canon: dict[int, int] = dict(aliases)
+        seen: dict[tuple, int] = {}
+        for gid in sorted(ch.accesses):
+            a = ch.accesses[gid]
+            if self.dag.values[gid].op != "load" or gid in aliases or a.host is None:
+                continue
+            key = (a.buffer, a.extent, a.host.shape, a.host.tobytes(), None if a.valid is None else a.valid.tobytes())
+            if key in seen:
+                canon[gid] = seen[key]
+            else:
+                seen[key] = gid
+        self.dag.merge(canon)
+
+    # --- work division ----------------------------------------------------------------------------
+    def _divide(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """Core boxes over x such that every output stick has one owner (checked numerically)."""
+        sizes = list(self.spec.x_sizes)
+        cores = self.config.num_cores
+        unit = max(self.factors) if self.factors else 64
+        for u in (1, unit, sizes[-1] if sizes else 1):
+            cboxes = core_boxes(sizes, split_counts(sizes, cores, u), u)
+            if len(cboxes) <= 1 or self._owners_disjoint(cboxes):
+                self.division = {"unit": u}
+                return cboxes
+        self.division = {"unit": "single core"}
+        return core_boxes(sizes, [1] * len(sizes), 1)
+
+    def _owners_disjoint(self, cboxes) -> bool:
+        for v in (v for v in self.dag.values if v.op == "store" and v.attrs["buffer"] not in self.spec.internal):
+            outer = self.dag.values[v.args[0]].extent == "outer"
+            place = self.places[v.attrs["buffer"]]
+            sticks = []
+            for xo, xs in cboxes:
+                ro = tuple(0 for _ in self.spec.r_sizes)
+                e = self.node_env(v.node, xo, xs, ro, tuple(self.spec.r_sizes),
+                                  outer or self.spec.nodes[v.node].placement == "outer")
+                dev = access.device_elements(place, access.evaluate(v.attrs["index"], e), f"store to {v.attrs['buffer']}")
+                sticks.append(np.unique(dev // place.lanes))
+            allst = np.concatenate(sticks)
+            if np.unique(allst).size != allst.size:
+                return False
+        return True
+
+    # --- building -----------------------------------------------------------------------------------
+    def _build(self, cboxes, tx, tr):
+        persistent = tuple(tr) == tuple(self.spec.r_sizes)
+        # the iota (argmax/argmin positions) covers one reduction chunk
+        self._iota_span = 1 + sum((t - 1) * st for t, st in zip(tr, row_major_strides(self.spec.r_sizes)))
+        sched = Scheduler(self.dag, self.aliases, persistent)
+        cores: dict[int, list[SymInstr]] = {}
+        for core, (xo, xs) in zip(first_cores(len(cboxes), self.config), cboxes):
+            steps: list[Step] = []
+            for t, (txo, txs) in enumerate(boxes(xo, xs, tx)):
+                steps.extend(self._tile_steps(sched, t, txo, txs, tr, persistent))
+            self._assign_loads(steps, persistent)
+            cores[core] = self._emit_core(steps)
+        base, sp_plan = self._place(cores)
+        return cores, base, sp_plan, persistent
+
+    def _tile_steps(self, sched: Scheduler, t, txo, txs, tr, persistent: bool) -> list[Step]:
+        spec, dag = self.spec, self.dag
+        steps: list[Step] = []
+        done: set[int] = set()
+        rzero = tuple(0 for _ in spec.r_sizes)
+        rchunks = boxes(rzero, tuple(spec.r_sizes), tuple(tr)) if spec.r_sizes else [((), ())]
+        pre = sched.closure(sched.outer_roots(-1), "outer", done)
+        if pre:
+            ch = Chunk(t, -1, txo, txs, rzero, tuple(spec.r_sizes))
+            ch.run_outer = pre
+            steps.append(Step("outer", -1, ch, pre))
+            done |= set(pre)
+        for p in range(dag.n_phases):
+            roots = sched.full_roots(p)
+            keep = done if persistent else {g for g in done if dag.values[g].extent != "full"}
+            run = sched.closure(roots, "full", keep)
+            if run:
+                for ro, rs in rchunks:
+                    ch = Chunk(t, p, txo, txs, ro, rs)
+                    ch.run_full = run
+                    steps.append(Step("full", p, ch, run))
+                done |= set(run)
+            post = sched.closure(sched.outer_roots(p), "outer", done)
+            if post:
+                ch = Chunk(t, p, txo, txs, rzero, tuple(spec.r_sizes))
+                ch.run_outer = post
+                steps.append(Step("outer", p, ch, post))
+                done |= set(post)
+        tile_accesses = sorted({g for s in steps for g in s.values if dag.values[g].op in ("load", "store")})
+        for s in steps:
+            if persistent and s.kind == "full":
+                s.chunk.accessed = [g for g in tile_accesses if dag.values[g].extent == "full"
+                                    or dag.values[g].op == "store" and dag.values[dag.values[g].args[0]].extent == "full"]
+            self.analyse(s.chunk, outer_only=s.kind == "outer")
+        return steps
+
+    def _assign_loads(self, steps: list[Step], persistent: bool) -> None:
+        """Which step's DMA group loads each access, and its buffer parity (double buffering)."""
+        parity = 0
+        owners: dict[tuple[int, str], Step] = {}
+        for s in steps:
+            loads = [g for g, a in s.chunk.accesses.items()
+                     if self.dag.values[g].op == "load" and a.alias is None and a.sticks is not None]
+            key = (s.chunk.tile, s.kind) if persistent else (id(s), s.kind)
+            owner = owners.get(key)
+            if owner is None:
+                owner = owners[key] = s
+                s.parity = parity
+                s.loads = []
+                if loads:
+                    parity ^= 1
+            s.load_from = owner  # type: ignore[attr-defined]
+            s.parity = owner.parity
+            for g in loads:
+                if g not in owner.loads:
+                    owner.loads.append(g)
+
+
+    # --- the scratchpad plan ------------------------------------------------------------------------
+    def _place(self, cores: dict[int, list[SymInstr]]):
+        """Scratchpad offsets for every symbolic buffer: one liveness plan shared by all cores."""
+        size: dict[str, int] = {}
+        live: dict[str, list[int]] = {}
+        for ins in cores.values():
+            for si in ins:
+                for sym in si.syms():
+                    end = sym.end() if sym.dtype != "uint8" else sym.rel + si.args["pattern"].nbytes
+                    size[sym.buf] = max(size.get(sym.buf, 0), end)
+                    lo, hi = live.get(sym.buf, [si.tile_step, si.tile_step])
+                    live[sym.buf] = [min(lo, si.tile_step), max(hi, si.tile_step)]
+        bufs = []
+        for name, n in sorted(size.items()):
+            lo, hi = live[name]
+            if name.startswith(("ld", "st")) or name == "iota" or (
+                    name.startswith("v") and self.dag.values[int(name[1:])].op == "reduction"):
+                lo, hi = -1, 1 << 30  # loads are double-buffered across tiles; accumulators span the tile
+            elif self.dag.values[int(name[1:].split(".")[0])].extent == "outer" if name.startswith("v") else False:
+                lo, hi = -1, 1 << 30
+            bufs.append(SpBuffer(name, max(n, 1), lo, hi))
+        sp_plan = plan(bufs, self.config.scratchpad_plannable_bytes)
+        return {b.name: b.offset for b in sp_plan.buffers}, sp_plan
+
+    # --- operands, checks, decisions --------------------------------------------------------------
+    def _operands(self) -> list[Operand]:
+        ops = []
+        for b in self.spec.buffers:
+            role = b.role
+            if role == "inout" and all(v.gid in self.aliases for v in self.dag.values
+                                       if v.op == "load" and v.attrs["buffer"] == b.name):
+                role = "output"  # its reads in this kernel come from scratchpad
+            access_kind = {"input": "in", "output": "out", "inout": "inout"}[role]
+            ops.append(replace(self.places[b.name], name=b.name).operand(access_kind))
+        return ops
+
+    def _check_span(self, program: Program) -> None:
+        limit = self.config.core_address_span_bytes
+        for core, ins in program.cores.items():
+            spans = dram_spans(ins)
+            total = sum(hi - lo for lo, hi in spans.values())
+            if total > limit:
+                raise AddressSpanError(
+                    f"kernel {self.spec.name}: core {core} would address {total} bytes of device memory "
+                    f"({', '.join(f'{k}: {hi - lo} B' for k, (lo, hi) in spans.items())}), more than the "
+                    f"{limit} bytes one core can reach in a kernel (config.core_address_span_bytes). "
+                    "Split the tensor (smaller batch or sequence chunks) so each core's share fits."
+                )
+
+    def _record(self, cboxes, tx, tr, persistent, sp_plan, tried, program: Program) -> None:
+        d = self.decisions
+        for b in self.spec.buffers:
+            d.buffers.append(BufferDecision(b.name, b.role, self.places[b.name].layout.describe()))
+        d.work_division = {"cores": len(cboxes), "x": list(self.spec.x_sizes), "core_box": list(cboxes[0][1]) if cboxes else [],
+                           **self.division}
+        n_instr = sum(len(v) for v in program.cores.values())
+        d.tiling = {"tile": list(tx), "r_chunk": list(tr), "persistent_reduction": persistent,
+                    "phases": self.dag.n_phases, "instructions": n_instr}
+        d.scratchpad = {"peak_bytes": sp_plan.peak_bytes, "capacity": sp_plan.capacity,
+                        "buffers": {b.name: [b.offset, b.nbytes] for b in sp_plan.buffers}}
+        d.overlap = {"double_buffered": sorted({b.name.split(".")[0] for b in sp_plan.buffers if b.name.startswith("ld")})}
+        d.alternatives = tried[:-1]
+        if self.aliases:
+            d.notes.append(f"{len(self.aliases)} load(s) served from values computed in this kernel")
+
+
+
+def generate(spec: KernelSpec, places: dict[str, TensorView], config: Any) -> Program:
+    """The program of a pointwise/reduction kernel for tensors placed as ``places``. A kernel it cannot
+    generate raises LoweringError naming the ATen ops and the user's source line it came from."""
+    try:
+        return PointwiseGenerator(spec, places, config).generate()
+    except LoweringError as e:
+        raise type(e)(f"{e}{_provenance(spec)}") from None
+
+
+def _provenance(spec: KernelSpec) -> str:
+    ops = ", ".join(spec.source_ops) or "unknown ops"
+    at = f" at {spec.source_lines[0]}" if spec.source_lines else ""
+    return f" (kernel from {ops}{at})"
