@@ -29,24 +29,11 @@ scratchpads, ``ExecutionError``), ``stats`` (``ExecutionStats``). The vector ops
 """
 
 from ...program import dram_addr
-from ..vector_ops import (
-    BINARY as _BINARY,
-    BOOL_RESULT_OPS,
-    FLOAT_DTYPES,
-    FLOAT_RESULT_OPS,
-    NP_DTYPES,
-    REDUCE as _REDUCE,
-    TERNARY as _TERNARY,
-    UNARY as _UNARY,
-    encode as _encode,
-    promote as _promote,
-)
+from ..vector_ops import BOOL_RESULT_OPS, FLOAT_DTYPES, FLOAT_RESULT_OPS, NP_DTYPES
 from .driver import execute, resolve_addresses
 from .state import ExecutionError
 from .stats import ENGINES, ExecutionStats
 
-# _UNARY, _BINARY, _TERNARY, _REDUCE, _promote, _encode: the old private names of card.vector_ops'
-# UNARY, BINARY, TERNARY, REDUCE, promote, encode, kept while code that imports them here moves over.
 __all__ = [
     "BOOL_RESULT_OPS", "ENGINES", "ExecutionError", "ExecutionStats", "FLOAT_DTYPES", "FLOAT_RESULT_OPS",
     "NP_DTYPES", "dram_addr", "execute", "resolve_addresses",

@@ -1,9 +1,7 @@
 """Constant folding with the card's own arithmetic: values the compiler computes itself (index-only
 values, ops on constants) must equal what the simulated vector unit would compute, so they are computed
-by the card executor's op tables, here and nowhere else in the generator.
-
-The tables are still private to ``card/execute.py``; this module is the one place that reaches into them
-(:func:`card_op`), so that switching to their public module is a one-line change.
+by the vector unit's own op tables (``card/vector_ops.py``, which the card's executor runs too), here and
+nowhere else in the generator.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ....card.execute import _BINARY, _TERNARY, _UNARY, _promote
+from ....card import vector_ops
 from ....program import Scalar
 from ...kernel_ir import LoweringError
 from .values import Value
@@ -21,11 +19,11 @@ from .values import Value
 def card_op(op: str, args: list[np.ndarray], promote: bool = False) -> Any:
     """``op`` of numpy ``args`` as the card computes it (``promote``: first bring the inputs to the card's
     computation type, fp32 or int64, as the vector unit does), or None when the card has no such op."""
-    fn = _UNARY.get(op) or _BINARY.get(op) or _TERNARY.get(op)
+    fn = vector_ops.ELEMENTWISE.get(op)
     if fn is None:
         return None
     with np.errstate(all="ignore"):
-        return fn(*(_promote(op, args) if promote else args))
+        return fn(*(vector_ops.promote(op, args) if promote else args))
 
 
 def fold_scalar(v: Value, ins: list[Scalar]) -> float | int | bool:
