@@ -163,7 +163,7 @@ def _drain_seconds(p: _Problem, s: Split, t: Tiles, sh: _Shape, cores: int, cfg:
     clock, link_bw = cfg.clock_hz, _chain_link_bandwidth(t, cfg)
     tail = sh.group_rows * sh.nt_el
     storing = cores if s.k == 1 else 2 * cores // s.k
-    out_bytes = tail * p.out.itemsize / (1 if s.k == 1 else 2)
+    out_bytes = tail * p.out.layout.itemsize / (1 if s.k == 1 else 2)
     drain = cfg.dram_latency_s + max(out_bytes / (cfg.dma_bytes_per_cycle * clock), out_bytes * storing / cfg.dram_write_bandwidth)
     drain += costs.vector_cycles(cfg, tail, 4) * (2 if s.k > 1 else 1) / clock
     if s.k > 1:
@@ -214,21 +214,21 @@ def _core_dram_bytes(p: _Problem, s: Split, w: _CoreWork) -> tuple[int, int, int
     k_el, n_el = w.kcols[1], w.ncols[1]
     groups = 1 if p.b_shared else nb
     if p.a_transposed:
-        a = nb * k_el * _round(nm, p.a.lanes) * 2
+        a = nb * k_el * _round(nm, p.a.layout.lanes) * 2
     else:
         a = nb * nm * _round(k_el, UNIT) * 2
     if p.b_transposed:
         b = groups * n_el * _round(k_el, UNIT) * 2
     else:
-        b = groups * k_el * _round(n_el, p.b.lanes) * 2
+        b = groups * k_el * _round(n_el, p.b.layout.lanes) * 2
     stores = w.partner in (0, s.k - 1)
     share = 1.0 if s.k == 1 else 0.5  # the two ends of a chain each finish half the chunks
-    out = nb * nm * _round(n_el, p.out.lanes) * p.out.itemsize * share if stores else 0
+    out = nb * nm * _round(n_el, p.out.layout.lanes) * p.out.layout.itemsize * share if stores else 0
     addends = 0.0
     for x in (p.bias, p.residual):
         if x is not None and stores:
             rows = (nb if x.strides[0] else 1) * (nm if x.strides[1] else 1)
-            addends += rows * _round(n_el, x.lanes) * x.itemsize * share
+            addends += rows * _round(n_el, x.layout.lanes) * x.layout.itemsize * share
     return a, b + int(addends), int(out)
 
 

@@ -99,7 +99,7 @@ class _Emitter:
         if not p.b_transposed:  # [K rows, N sticks]: the PE arrays' order
             self.ins.append(p.b.dma((bb, k0, n0), (1, kn, nn), dst, row_bytes=nt * 2))
             return dst
-        stage, kt = self.buf("b_t"), _round(kn, p.b.lanes)
+        stage, kt = self.buf("b_t"), _round(kn, p.b.layout.lanes)
         self.ins.append(p.b.dma((bb, k0, n0), (1, kn, nn), stage))  # [N rows, K sticks]
         self.ins.append(Elementwise("copy", SpTensor(dst, DL, (kn, nn), (nt, 1)),
                                     (SpTensor(stage, DL, (kn, nn), (1, kt)),)))
@@ -120,7 +120,7 @@ class _Emitter:
         if not p.a_transposed:
             self.ins.append(p.a.dma((b0, m0, k0), (nb, nm, kn), dst, row_bytes=kt * 2))  # [rows, K sticks]
             return dst
-        stage, ms = self.buf("a_t"), _round(nm, p.a.lanes)
+        stage, ms = self.buf("a_t"), _round(nm, p.a.layout.lanes)
         self.ins.append(p.a.dma((b0, m0, k0), (nb, nm, kn), stage))  # [batch, K rows, M sticks]
         self.ins.append(Elementwise("copy", SpTensor(dst, DL, (nb, nm, kn), (nm * kt, kt, 1)),
                                     (SpTensor(stage, DL, (nb, nm, kn), (kn * ms, 1, ms)),)))
@@ -219,9 +219,9 @@ class _Emitter:
         for i, (op, inputs) in enumerate(steps):
             self.ins.append(Elementwise(op, out if i == len(steps) - 1 else acc, inputs))
         if nt != nn:
-            pad = SpTensor(out_off + nn * p.out.itemsize, p.out_dtype, (nb, nm, nt - nn), dense)
+            pad = SpTensor(out_off + nn * p.out.layout.itemsize, p.out_dtype, (nb, nm, nt - nn), dense)
             self.ins.append(Elementwise("copy", pad, (Scalar(0.0),)))
-        self.ins.append(p.out.dma((b0, m0, n0), (nb, nm, nn), out_off, store=True, row_bytes=nt * p.out.itemsize))
+        self.ins.append(p.out.dma((b0, m0, n0), (nb, nm, nn), out_off, store=True, row_bytes=nt * p.out.layout.itemsize))
 
     def load_addend(self, x: _Bound, buf: str, box: tuple[int, int, int, int], n0: int, nn: int) -> SpTensor:
         """A bias or residual box, loaded once per distinct row (broadcast dims collapse), viewed at the
@@ -229,7 +229,7 @@ class _Emitter:
         b0, nb, m0, nm = box
         nt = _round(nn, UNIT)
         dst = self.buf(buf)
-        self.ins.append(x.dma((b0, m0, n0), (nb, nm, nn), dst, row_bytes=nt * x.itemsize))
+        self.ins.append(x.dma((b0, m0, n0), (nb, nm, nn), dst, row_bytes=nt * x.layout.itemsize))
         sb = nm * nt if x.strides[0] and x.strides[1] else nt
         strides = (sb if x.strides[0] else 0, nt if x.strides[1] else 0, 1)
         return SpTensor(dst, x.layout.device_dtype, (nb, nm, nn), strides)

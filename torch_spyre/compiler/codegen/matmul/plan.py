@@ -18,6 +18,7 @@ from ...placement import partner_groups
 from ...scratchpad import SpBuffer
 from .spec import UNIT, _Problem
 
+
 # =============================================================================================
 # Work division and tiles
 # =============================================================================================
@@ -83,12 +84,13 @@ class _CoreWork:
 
 
 def _row_align(p: _Problem) -> int:
-    return p.a.lanes if p.a_transposed else 1
+    return p.a.layout.lanes if p.a_transposed else 1
 
 
 def _assign(p: _Problem, s: Split, cfg: CardConfig) -> list[_CoreWork] | None:
     """Core -> its box; None if a split leaves a core without work. K-split partners sit on adjacent
-    ring stops, in partner order."""
+    ring stops, in partner order; the groups alternate between the two sides of the memory stop
+    (:func:`~torch_spyre.compiler.placement.partner_groups`)."""
     bs = _chunks(p.batch, s.batch)
     ms = _chunks(p.M, s.m, _row_align(p))
     ns = [(a * UNIT, min(n * UNIT, p.N - a * UNIT)) for a, n in _chunks(p.n_units, s.n)]
@@ -179,7 +181,7 @@ def _buffers(p: _Problem, s: Split, t: Tiles, sh: _Shape) -> list[SpBuffer]:
     else:
         bufs += [SpBuffer(f"a{i}", rows * kt * 2) for i in range(2)]
     if p.a_transposed:
-        bufs += [SpBuffer(f"a_t{i}", t.bt * kt * _round(t.mt, p.a.lanes) * 2) for i in range(2)]
+        bufs += [SpBuffer(f"a_t{i}", t.bt * kt * _round(t.mt, p.a.layout.lanes) * 2) for i in range(2)]
     bufs += [SpBuffer(f"b{i}", kt * nt * 2) for i in range(2)]
     if p.b_transposed:
         bufs += [SpBuffer(f"b_t{i}", nt * kt * 2) for i in range(2)]
@@ -187,13 +189,13 @@ def _buffers(p: _Problem, s: Split, t: Tiles, sh: _Shape) -> list[SpBuffer]:
     bufs += [SpBuffer(f"acc{i}", sh.row_tiles * rows * nt * 4) for i in range(n_acc)]
     chunk = sh.chunk_rows if s.k > 1 else rows
     if p.needs_epilogue:
-        bufs += [SpBuffer(f"o{i}", chunk * nt * p.out.itemsize) for i in range(2)]
+        bufs += [SpBuffer(f"o{i}", chunk * nt * p.out.layout.itemsize) for i in range(2)]
     if p.bias is not None:
-        bufs += [SpBuffer(f"bias{i}", chunk * nt * p.bias.itemsize) for i in range(2)]
+        bufs += [SpBuffer(f"bias{i}", chunk * nt * p.bias.layout.itemsize) for i in range(2)]
         if p.spec.beta != 1.0:
             bufs.append(SpBuffer("bias_scaled", chunk * nt * 4))
     if p.residual is not None:
-        bufs += [SpBuffer(f"res{i}", chunk * nt * p.residual.itemsize) for i in range(2)]
+        bufs += [SpBuffer(f"res{i}", chunk * nt * p.residual.layout.itemsize) for i in range(2)]
     if s.k > 1:  # receive slots from the upstream neighbour of each direction
         bufs += [SpBuffer(f"recv{d}", sh.recv_slots * chunk * nt * 4) for d in range(2)]
     return bufs

@@ -122,14 +122,6 @@ class _Bound:
     lane_dim: int
     base: int
 
-    @property
-    def lanes(self) -> int:
-        return self.layout.lanes
-
-    @property
-    def itemsize(self) -> int:
-        return self.layout.itemsize
-
     def box(self, lo: Sequence[int], n: Sequence[int]) -> tuple[int, list[int], list[int]]:
         """Device offset, loop counts and device strides of the sticks holding box [lo, lo+n). The lane
         dim is the innermost loop (whole sticks); broadcast dims collapse to one iteration."""
@@ -142,8 +134,8 @@ class _Bound:
             shape.append(n[d] if self.strides[d] else 1)
             strides.append(self.strides[d])
         L = self.lane_dim
-        offset += (lo[L] // self.lanes) * self.strides[L]
-        shape.append(-(-n[L] // self.lanes))
+        offset += (lo[L] // self.layout.lanes) * self.strides[L]
+        shape.append(-(-n[L] // self.layout.lanes))
         strides.append(self.strides[L])
         return offset, shape, strides
 
