@@ -24,12 +24,12 @@ from benchmarks.programs import build_matmul_1024, run_on_card  # noqa: E402
 from torch_spyre.card import Card, CardConfig, StickLayout  # noqa: E402
 from torch_spyre.card.dlfloat16 import round_float32  # noqa: E402
 from torch_spyre.card.timing import time_program  # noqa: E402
-from torch_spyre.compiler.codegen_matmul import (  # noqa: E402
+from torch_spyre.compiler.access import TensorView  # noqa: E402
+from torch_spyre.compiler.codegen.matmul import (  # noqa: E402
     MatmulSpec,
-    TensorView,
     bmm_spec,
     build_matmul,
-    generate,
+    generate_plan,
     linear_spec,
     mm_spec,
     naive_split,
@@ -84,7 +84,7 @@ def row(label: str, spec: MatmulSpec, cfg: CardConfig) -> dict:
     build_s = time.perf_counter() - t0
     t = time_program(prog, cfg)
     naive = plan_for_split(spec, naive_split(spec, cfg), cfg)
-    t_naive = time_program(generate(spec, naive.split, naive.tiles, cfg), cfg)
+    t_naive = time_program(generate_plan(spec, naive.split, naive.tiles, cfg), cfg)
     pe_roof = cfg.kernel_fixed_cost_s + flops(spec) / cfg.peak_fp16_flops
     verified = time_program(build_matmul(spec, cfg, verify_top=4)[0], cfg)
     s = dec.work_division["split"]

@@ -15,17 +15,17 @@ from torch_spyre.card.config import MiB
 from torch_spyre.card.dlfloat16 import round_float32
 from torch_spyre.card.timing import time_program
 from torch_spyre.card.validate import validate
-from torch_spyre.compiler.codegen_matmul import (
+from torch_spyre.compiler.access import TensorView
+from torch_spyre.compiler.codegen.matmul import (
     MatmulSpec,
     MatmulSpecError,
     Split,
     Tiles,
-    TensorView,
     addmm_spec,
     baddbmm_spec,
     bmm_spec,
     build_matmul,
-    generate,
+    generate_plan,
     linear_spec,
     mm_spec,
     naive_split,
@@ -190,8 +190,8 @@ def test_sliced_views_with_storage_offsets(card):
     """Operands that are views into larger buffers: rows 10.. of a, columns 64..192 of the output."""
     g = torch.Generator().manual_seed(11)
     a_full, b = randn(g, 40, 128), randn(g, 128, 128, scale=0.1)
-    a = TensorView("a", StickLayout((40, 128), 1, DL), (30, 128), (128, 1), offset=10 * 128)
-    out = TensorView("c", StickLayout((30, 256), 1, DL), (30, 128), (256, 1), offset=64)
+    a = TensorView("a", StickLayout((40, 128), 1, DL), (30, 128), (128, 1), storage_offset=10 * 128)
+    out = TensorView("c", StickLayout((30, 256), 1, DL), (30, 128), (256, 1), storage_offset=64)
     got, _ = run(card, mm_spec(a, b=buf("b", (128, 128)), out=out), {"a": a_full, "b": b})
     assert_matches(got[:, 64:192], dl(a_full[10:]) @ dl(b))
 
@@ -230,7 +230,7 @@ def _alternatives(spec: MatmulSpec, n: int = 6) -> list[tuple[str, float]]:
     plans.append((naive.split, naive.tiles))
     best_no_ksplit = next(c for c in ranked if c.split.k == 1)
     plans.append((best_no_ksplit.split, best_no_ksplit.tiles))
-    return [(str(s), time_program(generate(spec, s, t, CFG), CFG).total_s) for s, t in plans]
+    return [(str(s), time_program(generate_plan(spec, s, t, CFG), CFG).total_s) for s, t in plans]
 
 
 @pytest.mark.parametrize("M,K,N", [(128, 384, 384), (128, 384, 1536), (128, 1536, 384), (1024, 1024, 1024)])
@@ -293,7 +293,7 @@ def test_address_span_overflow_names_shape_and_limit():
 
 
 def test_views_that_do_not_start_on_a_stick():
-    a = TensorView("a", StickLayout((64, 128), 1, DL), (64, 64), (128, 1), offset=3)
+    a = TensorView("a", StickLayout((64, 128), 1, DL), (64, 64), (128, 1), storage_offset=3)
     with pytest.raises(MatmulSpecError, match="not on a stick boundary"):
         build_matmul(mm_spec(a, buf("b", (64, 64)), buf("c", (64, 64))), CFG)
 
@@ -362,7 +362,7 @@ FORCED = [
 @pytest.mark.parametrize("case,split,tiles", [f[1:] for f in FORCED], ids=[f[0] for f in FORCED])
 def test_forced_plans_match_torch(card, case, split, tiles):
     spec, reference, shapes = case
-    prog = generate(spec, split, tiles, CFG)
+    prog = generate_plan(spec, split, tiles, CFG)
     validate(prog, CFG)
     g = torch.Generator().manual_seed(split.cores)
     inputs = {name: randn(g, *shape, scale=0.2) for name, shape in shapes.items()}

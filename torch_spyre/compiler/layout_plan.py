@@ -9,7 +9,7 @@ programs adapt to the bound tensors' placements at run time).
 Rules (each choice is recorded with its reason in the plan's :class:`KernelDecisions`):
 
 - **What consumers want.** Whole-op generators read a role best with one host dim sticked: the matmul
-  wants A sticked on K and B, bias and output on N (``codegen_matmul.preferred_view_dim``); attention
+  wants A sticked on K and B, bias and output on N (``codegen.matmul.preferred_view_dim``); attention
   reads q/k/v/mask rows along the stick dim and the gather reads source rows of whole sticks (the last
   view dim in both). Pointwise kernels read any layout.
 - **What producers can write.** A pointwise kernel writes any layout, so a buffer it produces gets the
@@ -150,7 +150,7 @@ def host_dim_of(buffer: BufferInfo, view_size: int, view_stride: int) -> int | N
 
 def _preferred_view_dim(generator: str, role: str) -> int | None:
     if generator == "matmul":
-        from .codegen_matmul import preferred_view_dim
+        from .codegen.matmul import preferred_view_dim
 
         return preferred_view_dim(role)
     return -1 if role in _ROW_READERS.get(generator, ()) else None
@@ -295,7 +295,7 @@ class Costs:
         return self._matmul_s(as_is) - self._matmul_s(relaid)
 
     def _matmul_s(self, spec: Any) -> float:
-        from .codegen_matmul import build_matmul
+        from .codegen.matmul import build_matmul
 
         key = ("matmul", spec.a, spec.b, spec.out, spec.bias)
         return self._timed(key, lambda: build_matmul(spec, self.config)[0])
@@ -304,7 +304,8 @@ class Costs:
     def _matmul_spec(kernel: str, operands: list[Operand], buffers: dict[str, BufferInfo],
                      sticks: dict[str, int | None]) -> Any:
         from ..card.layout import StickLayout
-        from . import codegen_matmul as mm
+        from .access import TensorView
+        from .codegen import matmul as mm
 
         views = {}
         for op in operands:
@@ -314,7 +315,7 @@ class Costs:
             shape = tuple(n for n, _ in dense_host_dims(b.size, b.stride))
             stick = sticks.get(op.buffer)
             layout = StickLayout(shape, len(shape) - 1 if stick is None else stick, b.device_dtype)
-            views[op.role] = mm.TensorView(op.role, layout, op.size, op.stride, 0)
+            views[op.role] = TensorView(op.role, layout, op.size, op.stride, 0)
         kind = ("addmm" if len(views["out"].shape) == 2 else "baddbmm") if "bias" in views else \
             ("mm" if len(views["out"].shape) == 2 else "bmm")
         return mm.MatmulSpec(views["a"], views["b"], views["out"], views.get("bias"), kind=kind, name=kernel)

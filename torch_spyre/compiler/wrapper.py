@@ -85,31 +85,10 @@ def register_generator(name: str, fn: Callable[..., Any]) -> None:
     GENERATORS[name] = fn
 
 
-def matmul_generator(spec: KernelSpec, places: dict[str, Any], config: Any):
-    """Adapter from a "matmul" KernelSpec (params: kind, alpha, beta; operands a, b, out, bias) to
-    codegen_matmul.build_matmul. Views keep Inductor's sizes/strides and the bound storage offsets."""
-    from . import codegen_matmul as mm
-
-    def view(role: str):
-        b = spec.buffer(role)
-        return mm.TensorView(role, places[role].layout, tuple(b.size), tuple(b.stride),
-                             int(places[role].storage_offset))
-
-    p = spec.params
-    bias = view("bias") if p["kind"] in ("addmm", "baddbmm") else None
-    mspec = mm.MatmulSpec(view("a"), view("b"), view("out"), bias, float(p.get("alpha", 1.0)),
-                          float(p.get("beta", 1.0)), p["kind"], spec.name, tuple(spec.source_ops))
-    program, decisions = mm.build_matmul(mspec, config)
-    decisions.source_lines = list(spec.source_lines)
-    program.metadata["decisions"] = decisions.to_dict()
-    return program
-
-
 def register_builtin_generators() -> None:
-    """The whole-op generators this build has: every ``codegen_*`` module that defines ``GENERATOR``
-    (its name) and ``generate(kspec, places, config)``; for matmul, this module's adapter unless
-    codegen_matmul provides its own."""
-    for module in ("codegen_matmul", "codegen_attention", "codegen_gather"):
+    """The whole-op generators this build has: every generator module that defines ``GENERATOR``
+    (its name) and ``generate(kspec, places, config)``."""
+    for module in ("codegen.matmul", "codegen_attention", "codegen_gather"):
         try:
             mod = __import__(f"torch_spyre.compiler.{module}", fromlist=["generate"])
         except ImportError:
@@ -117,7 +96,6 @@ def register_builtin_generators() -> None:
         name = getattr(mod, "GENERATOR", None)
         if name and hasattr(mod, "generate"):
             GENERATORS.setdefault(name, mod.generate)
-    GENERATORS.setdefault("matmul", matmul_generator)
 
 
 def _generator(spec: KernelSpec) -> Callable[..., Any]:

@@ -1,0 +1,192 @@
+"""The matmul family as Spyre programs: mm, bmm, addmm, baddbmm and linear.
+
+    C[b, m, n] = alpha * sum_k A[b, m, k] * B[b, k, n]  (+ beta * bias[b, m, n], broadcast)
+
+:func:`build_matmul` turns a :class:`MatmulSpec` (named device buffers with their stick layouts and the
+strided views over them) into a :class:`~torch_spyre.program.Program` and the
+:class:`~torch_spyre.compiler.decisions.KernelDecisions` that explain it. It is independent of Inductor:
+the integrator builds a spec (the ``*_spec`` helpers) and calls it; :func:`generate` is that
+integration for the compiler's kernel specs (the wrapper's ``"matmul"`` generator).
+
+How a program is shaped (docs/compiler.md, "The matmul family"):
+
+- **Layouts.** The PE arrays stream activations sticked on K and hold weights sticked on N; the output
+  is sticked on N. An operand sticked the other way is loaded as it lies and transposed in scratchpad on
+  the vector unit (its cost is charged); :func:`preferred_layouts` tells the integrator which layout
+  would avoid that, so a weight can be given the layout its matmul wants once, at load time.
+- **Work division** over (batch, M rows, N sticks, K-split), every candidate from the divisors, chosen
+  by an analytic cost model: PE time at the card's matmul rate, vector time, per-core DMA time, shared
+  DRAM time, and the busiest ring link (DRAM traffic rides the ring to the memory stop; K-split partial
+  sums ride the reduction ring or the data ring). K-split partners are adjacent ring stops.
+- **Tiling.** M-, N- and K-tiles (N and K in whole sticks) shrink until the buffers fit
+  ``scratchpad_plannable_bytes`` (checked with :func:`~torch_spyre.compiler.scratchpad.plan`).
+- **Order.** Weight-stationary: for each N tile, for each K tile, one B tile stays while A tiles stream
+  through it; A stays resident in scratchpad when it fits. A, B (and transposition staging) buffers and
+  the fp32 accumulators are double-buffered, so loads overlap PE work and one tile's epilogue overlaps
+  the next tile's matmuls. The epilogue (alpha, beta * bias, an activation, a residual) runs in fp32
+  and rounds once to the output dtype.
+- **K-split.** Partners each accumulate a K slice; partial sums (fp32) flow down a chain of adjacent
+  partners, chunk by chunk, alternating direction so both ring directions work; the last partner of a
+  chain adds the epilogue and stores. Receive buffers are reused with credit tokens (signal/wait).
+
+The package, along those seams: ``spec.py`` (the spec, its binding to device memory and its checks),
+``plan.py`` (what a split and tiles mean: work per core, scratchpad buffers), ``cost.py`` (the
+analytic estimate of a plan), ``search.py`` (the split/tile search), ``emit.py`` (the per-core
+instructions of a plan) and this module (the entry points and the decisions record).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ....card.config import CardConfig
+from ....program import Program
+from ... import scratchpad
+from ...access import TensorView
+from ...decisions import BufferDecision, KernelDecisions
+from .cost import Estimate, estimate
+from .emit import generate_plan
+from .plan import Split, Tiles, _assign, _buffers, _core_shape
+from .search import Plan, _best_tiles, _core_span, _span_ok, naive_split, plan_for_split, rank_plans
+from .spec import (
+    MatmulSpec,
+    MatmulSpecError,
+    _check,
+    _Problem,
+    addmm_spec,
+    baddbmm_spec,
+    bmm_spec,
+    linear_spec,
+    mm_spec,
+    preferred_layouts,
+    preferred_view_dim,
+)
+
+__all__ = [
+    "GENERATOR", "Estimate", "MatmulSpec", "MatmulSpecError", "Plan", "Split", "Tiles", "addmm_spec", "baddbmm_spec",
+    "bmm_spec", "build_matmul", "estimate", "generate", "generate_plan", "linear_spec", "mm_spec", "naive_split",
+    "plan_for_split", "preferred_layouts", "preferred_view_dim", "rank_plans",
+]
+
+GENERATOR = "matmul"
+
+
+# =============================================================================================
+# Entry points
+# =============================================================================================
+def build_matmul(spec: MatmulSpec, config: CardConfig, verify_top: int = 0) -> tuple[Program, KernelDecisions]:
+    """The program for ``spec`` on a card with ``config`` and the record of what was decided and why.
+
+    The plan is the analytic cost model's cheapest. With ``verify_top`` = n > 1, the model's n cheapest
+    plans are generated and timed with the card's timing model and the fastest is kept (an autotuning
+    step: slower to compile, for kernels run often)."""
+    ranked = rank_plans(spec, config)
+    simulated: dict[int, float] = {}
+    if verify_top > 1:
+        from ....card.timing import time_program  # the card's own clock, used only when asked
+
+        for i, c in enumerate(ranked[:verify_top]):
+            simulated[i] = time_program(generate_plan(spec, c.split, c.tiles, config), config).total_s
+        best = min(simulated, key=simulated.get)
+        ranked = [ranked[best]] + ranked[:best] + ranked[best + 1:]
+        simulated = {0: simulated[best], **{i + (1 if i < best else 0): t for i, t in simulated.items() if i != best}}
+    best = ranked[0]
+    program = generate_plan(spec, best.split, best.tiles, config)
+    decisions = _decisions(spec, config, ranked, simulated)
+    program.metadata["decisions"] = decisions.to_dict()
+    return program, decisions
+
+
+
+
+def _decisions(spec: MatmulSpec, cfg: CardConfig, ranked: list[Plan],
+               simulated: dict[int, float] | None = None) -> KernelDecisions:
+    p = _check(spec)
+    best = ranked[0]
+    s, t = best.split, best.tiles
+    work = _assign(p, s, cfg)
+    sh = _core_shape(p, s, t, work[0])
+    sp_plan = scratchpad.plan(_buffers(p, s, t, sh), cfg.scratchpad_plannable_bytes)
+    d = KernelDecisions(spec.name, "matmul", list(spec.source_ops))
+    for bound, kind in ((p.a, "input"), (p.b, "weight"), (p.bias, "input"), (p.residual, "input"), (p.out, "output")):
+        if bound is not None:
+            d.buffers.append(BufferDecision(bound.name, kind, bound.layout.describe()))
+    d.work_division = {"cores": s.cores, "split": {"batch": s.batch, "M": s.m, "N_sticks": s.n, "K_split": s.k},
+                       "k_partners": "adjacent ring stops" if s.k > 1 else "none",
+                       "k_network": t.network if s.k > 1 else None,
+                       "max_core_span_bytes": max(_core_span(p, w) for w in work)}
+    d.tiling = {"rows": t.bt * t.mt, "batches_per_tile": t.bt, "M_tile": t.mt, "N_tile_sticks": t.nt,
+                "K_tile_sticks": t.kt, "a_resident": t.a_resident, "order": "weight-stationary: N tile > K tile > A rows",
+                "n_tiles": sh.n_tiles, "k_tiles": sh.k_tiles, "row_tiles": sh.row_tiles, "epilogue_rows": sh.chunk_rows}
+    d.scratchpad = {"peak_bytes": sp_plan.peak_bytes, "capacity": cfg.scratchpad_plannable_bytes,
+                    "buffers": {b.name: b.aligned_bytes for b in sp_plan.buffers}}
+    d.overlap = {"double_buffered": [b.name[:-1] for b in sp_plan.buffers if b.name.endswith("0")],
+                 "accumulate": "fp32 in scratchpad, one rounding to " + p.out_dtype, "estimate": best.est.to_dict()}
+    simulated = simulated or {}
+    seen = set()
+    picks = list(range(min(8, len(ranked)))) + [i for i, c in enumerate(ranked) if c.split.k == 1][:1]
+    for i in picks:
+        c = ranked[i]
+        if str(c.split) in seen:
+            continue
+        seen.add(str(c.split))
+        alt = {"split": str(c.split), "tiles": str(c.tiles), "estimate_us": round(c.est.total_s * 1e6, 2)}
+        if i in simulated:
+            alt["simulated_us"] = round(simulated[i] * 1e6, 2)
+        d.alternatives.append(alt)
+    naive = naive_split(spec, cfg)
+    nc = _best_tiles(p, naive, cfg) if _span_ok(p, naive, cfg) else None
+    if nc is not None:
+        d.alternatives.append({"split": f"{naive} (naive: output rows only)", "tiles": str(nc.tiles),
+                               "estimate_us": round(nc.est.total_s * 1e6, 2)})
+    if simulated:
+        d.notes.append(f"plan verified: the cost model's {len(simulated)} cheapest plans timed on the card model; "
+                       "the fastest kept")
+    d.notes += _layout_notes(p, spec, cfg, best)
+    return d
+
+
+def _layout_notes(p: _Problem, spec: MatmulSpec, cfg: CardConfig, best: Plan) -> list[str]:
+    """What a transposed operand costs here, against relayouting it once in its own kernel."""
+    notes = []
+    for role, flag, bound in (("b", p.b_transposed, p.b), ("a", p.a_transposed, p.a)):
+        if not flag:
+            continue
+        straight = _straight_problem(p, role)
+        c = _best_tiles(straight, best.split, cfg)
+        in_kernel = best.est.total_s - (c.est.total_s if c else best.est.total_s)
+        nbytes = bound.layout.nbytes
+        relayout = cfg.kernel_fixed_cost_s + nbytes / cfg.dram_read_bandwidth + nbytes / cfg.dram_write_bandwidth
+        notes.append(f"{role} %{bound.name} is sticked on K, not N: transposed in scratchpad on the vector unit "
+                     f"(estimated +{in_kernel * 1e6:.2f} us per call) vs. a relayout kernel "
+                     f"(~{relayout * 1e6:.2f} us once, e.g. at weight load); preferred_layouts() names the layout")
+    return notes
+
+
+def _straight_problem(p: _Problem, role: str) -> _Problem:
+    """The same problem as if ``role`` had the preferred layout (for costing only)."""
+    if role == "b":
+        return replace(p, b=replace(p.b, lane_dim=2))
+    return replace(p, a=replace(p.a, lane_dim=2))
+
+
+# =============================================================================================
+# The compiler's "matmul" generator
+# =============================================================================================
+def generate(kspec: Any, places: dict[str, Any], config: CardConfig) -> Program:
+    """Adapter from a "matmul" KernelSpec (params: kind, alpha, beta; operands a, b, out, bias) to
+    :func:`build_matmul`. Views keep Inductor's sizes/strides and the bound storage offsets."""
+
+    def view(role: str) -> TensorView:
+        b = kspec.buffer(role)
+        return TensorView(role, places[role].layout, tuple(b.size), tuple(b.stride), int(places[role].storage_offset))
+
+    p = kspec.params
+    bias = view("bias") if p["kind"] in ("addmm", "baddbmm") else None
+    mspec = MatmulSpec(view("a"), view("b"), view("out"), bias, float(p.get("alpha", 1.0)),
+                       float(p.get("beta", 1.0)), p["kind"], kspec.name, tuple(kspec.source_ops))
+    program, decisions = build_matmul(mspec, config)
+    decisions.source_lines = list(kspec.source_lines)
+    program.metadata["decisions"] = decisions.to_dict()
+    return program

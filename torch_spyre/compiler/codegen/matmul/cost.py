@@ -1,0 +1,234 @@
+"""The analytic cost model of a matmul plan: seconds for (split, tiles) without writing the program.
+
+Busy time combines compute (PE arrays, vector unit of the busiest core) and data movement (its DMA
+channels, the shared DRAM with read/write turnaround, the busiest ring link: DRAM traffic rides the ring
+to the memory stop, K-split partial sums the reduction or the data ring), plus fixed cost, pipeline
+fill, drain and the DMA latency double buffering cannot hide. The PE, vector and ring formulas are the
+card's own (``card/costs.py``), so the estimate cannot drift from the timing model that judges it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ....card import costs
+from ....card.config import CardConfig
+from ....program import TRANSCENDENTAL_OPS
+from .plan import Split, Tiles, _assign, _chunks_el, _core_shape, _CoreWork, _round, _Shape
+from .spec import UNIT, _Problem
+
+OVERLAP_LOSS = 0.25  # share of the shorter of compute and data movement that double buffering leaves exposed
+
+
+@dataclass
+class Estimate:
+    total_s: float
+    parts: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"total_us": round(self.total_s * 1e6, 2), **{k: round(v * 1e6, 2) for k, v in self.parts.items()}}
+
+
+def _counted(sizes: list[int]) -> list[tuple[int, int]]:
+    """Distinct sizes with how often they occur (tiles are all full but the last)."""
+    out: dict[int, int] = {}
+    for x in sizes:
+        out[x] = out.get(x, 0) + 1
+    return list(out.items())
+
+
+def _pieces(total: int, step: int) -> list[int]:
+    return [n for _, n in _chunks_el(total, step)]
+
+
+@dataclass
+class _SplitTraffic:
+    """The DRAM and ring traffic of a split that does not depend on the tiles: per core, bytes of A (to be
+    multiplied by how often A is reloaded), other reads and writes; per ring link, the same summed over
+    the cores whose DRAM traffic crosses it, and how many K-split neighbour pairs it joins."""
+
+    work: list[_CoreWork]
+    a: list[int]
+    other_reads: list[int]
+    writes: list[int]
+    link_a: dict[tuple, int]
+    link_other: dict[tuple, int]
+    chain_pairs: dict[tuple, int]
+
+
+def _split_traffic(p: _Problem, s: Split, cfg: CardConfig) -> _SplitTraffic:
+    work = _assign(p, s, cfg)
+    assert work is not None
+    a, other, writes = [], [], []
+    for w in work:
+        ab, ob, wb = _core_dram_bytes(p, s, w)
+        a.append(ab), other.append(ob), writes.append(wb)
+    n, mem = cfg.num_cores, cfg.memory_ring_stop
+    link_a: dict[tuple, int] = {}
+    link_other: dict[tuple, int] = {}
+    pairs: dict[tuple, int] = {}
+    for i, w in enumerate(work):
+        for l in costs.ring_path(mem, w.core, n):
+            link_a[l] = link_a.get(l, 0) + a[i]
+            link_other[l] = link_other.get(l, 0) + other[i]
+        for l in costs.ring_path(w.core, mem, n):
+            link_other[l] = link_other.get(l, 0) + writes[i]
+        if w.partner < s.k - 1:
+            nxt = w.group[w.partner + 1]
+            for l in costs.ring_path(w.core, nxt, n) + costs.ring_path(nxt, w.core, n):
+                pairs[l] = pairs.get(l, 0) + 1
+    return _SplitTraffic(work, a, other, writes, link_a, link_other, pairs)
+
+
+def estimate(p: _Problem, s: Split, t: Tiles, cfg: CardConfig, traffic: _SplitTraffic | None = None) -> Estimate:
+    """Seconds for plan (s, t): fixed cost + pipeline fill + busy time + drain + exposed latency. Busy
+    time combines compute (PE arrays, vector unit of the busiest core) and data movement (its DMA
+    channels, the shared DRAM, the busiest ring link)."""
+    tr = traffic or _split_traffic(p, s, cfg)
+    sh = _core_shape(p, s, t, tr.work[0])  # the first core has the largest box
+    steady = {"pe": _pe_seconds(p, t, sh, tr.work[0], cfg), "vector": _vector_seconds(p, s, t, sh, tr.work[0], cfg),
+              **_memory_seconds(p, s, t, sh, tr, cfg)}
+    fill, drain = _fill_seconds(sh, len(tr.work), cfg), _drain_seconds(p, s, t, sh, len(tr.work), cfg)
+    exposed = _exposed_latency(p, t, sh, cfg, steady["pe"])
+    tiles = sh.n_tiles * (1 if p.b_shared else sh.groups)
+    if not t.acc_double and tiles > 1:
+        exposed += (tiles - 1) * drain  # each tile's epilogue now runs alone, like the last one's
+    compute = max(steady["pe"], steady["vector"])
+    memory = max(steady["dma_core"], steady["dram"], steady["ring"])
+    # Two double-buffered sides never overlap perfectly: a share of the shorter one shows.
+    busy = max(compute, memory) + OVERLAP_LOSS * min(compute, memory)
+    total = cfg.kernel_fixed_cost_s + fill + busy + drain + exposed
+    return Estimate(total, {**steady, "fill": fill, "drain": drain, "exposed_latency": exposed})
+
+
+def _pe_seconds(p: _Problem, t: Tiles, sh: _Shape, w: _CoreWork, cfg: CardConfig) -> float:
+    """The core's matmuls at the PE arrays' rate (summed over the distinct tile sizes)."""
+    rows = _counted(_row_pieces(p, t, w))
+    kp, np_ = _counted(_pieces(w.kcols[1], sh.kt_el)), _counted(_pieces(w.ncols[1], sh.nt_el))
+    per_pass = sum(costs.pe_matmul_cycles(cfg, r, k, n) * cr * ck * cn for r, cr in rows for k, ck in kp for n, cn in np_)
+    return per_pass * (1 if p.b_shared else sh.groups) / cfg.clock_hz
+
+
+def _vector_seconds(p: _Problem, s: Split, t: Tiles, sh: _Shape, w: _CoreWork, cfg: CardConfig) -> float:
+    """Epilogue ops (fp32), K-split adds and in-scratchpad transposes of the core."""
+    elems_out = sh.group_rows * w.ncols[1] * (1 if p.b_shared else sh.groups)
+    vec = 0
+    for op in p.epilogue_steps or (["cast"] if p.needs_epilogue else []):
+        vec += costs.vector_cycles(cfg, elems_out, 4, transcendental=op in TRANSCENDENTAL_OPS)
+    if s.k > 1:
+        vec += costs.vector_cycles(cfg, elems_out, 4)  # one add of a partner's partial per element
+    if p.b_transposed:
+        vec += costs.vector_cycles(cfg, sh.groups * w.kcols[1] * w.ncols[1], 2)
+    if p.a_transposed:
+        a_reload = 1 if t.a_resident else sh.n_tiles
+        vec += costs.vector_cycles(cfg, w.batches[1] * w.rows[1] * w.kcols[1] * a_reload, 2)
+    return vec / cfg.clock_hz
+
+
+def _memory_seconds(p: _Problem, s: Split, t: Tiles, sh: _Shape, tr: _SplitTraffic, cfg: CardConfig) -> dict[str, float]:
+    """The busiest core's DMA channel, the shared LPDDR5 (with read/write turnaround), and the busiest
+    ring link (DRAM traffic to and from the memory stop, plus K-split partial sums)."""
+    a_reload = 1 if t.a_resident else sh.n_tiles
+    reads = [a * a_reload + o for a, o in zip(tr.a, tr.other_reads)]
+    dma_core = max(max(reads), max(tr.writes)) / (cfg.dma_bytes_per_cycle * cfg.clock_hz)
+    dram = sum(reads) / cfg.dram_read_bandwidth + sum(tr.writes) / cfg.dram_write_bandwidth
+    dram += _turnaround(p, t, sh, tr, reads, cfg)
+    link_bw = _chain_link_bandwidth(t, cfg)
+    half = sh.group_rows * _round(tr.work[0].ncols[1], UNIT) * 4 * (1 if p.b_shared else sh.groups) / 2
+    load = {l: tr.link_a.get(l, 0) * a_reload + tr.link_other.get(l, 0) for l in set(tr.link_a) | set(tr.link_other)}
+    ring = max(load.values(), default=0) / cfg.ring_link_bandwidth
+    if s.k > 1:  # chunks alternate direction: half the partial sums cross each link each way
+        if t.network == "data":
+            ring = max([ring] + [(load.get(l, 0) + c * half) / link_bw for l, c in tr.chain_pairs.items()])
+        else:
+            ring = max(ring, max(c * half for c in tr.chain_pairs.values()) / link_bw)
+    return {"dma_core": dma_core, "dram": dram, "ring": ring}
+
+
+def _chain_link_bandwidth(t: Tiles, cfg: CardConfig) -> float:
+    if t.network == "reduce":
+        return cfg.reduction_ring_bytes_per_cycle * cfg.clock_hz * cfg.ring_efficiency
+    return cfg.ring_link_bandwidth
+
+
+def _fill_seconds(sh: _Shape, cores: int, cfg: CardConfig) -> float:
+    """The first A and B tiles load before any PE work, every core at once over the shared DRAM."""
+    first = (sh.tile_rows * sh.kt_el + sh.kt_el * sh.nt_el) * 2
+    return cfg.dram_latency_s + max(first / (cfg.dma_bytes_per_cycle * cfg.clock_hz), first * cores / cfg.dram_read_bandwidth)
+
+
+def _drain_seconds(p: _Problem, s: Split, t: Tiles, sh: _Shape, cores: int, cfg: CardConfig) -> float:
+    """The last N tile's epilogue cannot hide behind matmuls: its vector work, stores and K-split chain."""
+    clock, link_bw = cfg.clock_hz, _chain_link_bandwidth(t, cfg)
+    tail = sh.group_rows * sh.nt_el
+    storing = cores if s.k == 1 else 2 * cores // s.k
+    out_bytes = tail * p.out.layout.itemsize / (1 if s.k == 1 else 2)
+    drain = cfg.dram_latency_s + max(out_bytes / (cfg.dma_bytes_per_cycle * clock), out_bytes * storing / cfg.dram_write_bandwidth)
+    drain += costs.vector_cycles(cfg, tail, 4) * (2 if s.k > 1 else 1) / clock
+    if s.k > 1:
+        chunk = min(sh.chunk_rows, sh.group_rows) * sh.nt_el
+        drain += (s.k - 1) * (chunk * 4 / link_bw + costs.vector_cycles(cfg, chunk, 4) / clock)
+        drain += max(0, tail - chunk) * 4 / link_bw / 2
+    return drain
+
+
+def _turnaround(p: _Problem, t: Tiles, sh: _Shape, tr: _SplitTraffic, reads: list[int], cfg: CardConfig) -> float:
+    """LPDDR5 read/write turnaround: the stores of every N tile but the last run while later tiles load
+    (all but the first tile's loads); interleaved, each of those bytes loses the mixed-traffic efficiency."""
+    tiles = sh.n_tiles * (1 if p.b_shared else sh.groups)
+    if tiles < 2:
+        return 0.0
+    first = sum(tr.a) if t.a_resident else 0  # a resident A is loaded with the first tile
+    r = (sum(reads) - first) * (tiles - 1) / tiles
+    w = sum(tr.writes) * (tiles - 1) / tiles
+    t_r, t_w = 1 / cfg.dram_read_bandwidth, 1 / cfg.dram_write_bandwidth
+    t_turn = max(0.0, 2 / (cfg.dram_peak_bandwidth * cfg.dram_mixed_efficiency) - t_r - t_w)
+    # Only part of that traffic is in flight at the same moment (loads run ahead of the stores).
+    return t_turn * r * w / (r + w) if r + w else 0.0
+
+
+def _exposed_latency(p: _Problem, t: Tiles, sh: _Shape, cfg: CardConfig, pe_s: float) -> float:
+    """DMA latency the double buffering cannot hide: a load issued behind a matmul shorter than the
+    DRAM latency leaves the PE arrays waiting for the difference. (The throughput terms above do not
+    see latency; this is what stops the model from preferring tiny tiles whenever PE is not the bound.)"""
+    passes = sh.groups if not p.b_shared else 1
+    matmuls = sh.row_tiles * sh.k_tiles * sh.n_tiles * passes
+    loads = matmuls // sh.n_tiles * (1 if t.a_resident else sh.n_tiles) + sh.k_tiles * sh.n_tiles * passes
+    per_matmul = pe_s / max(1, matmuls)
+    return loads * max(0.0, cfg.dram_latency_s - per_matmul)
+
+
+def _row_pieces(p: _Problem, t: Tiles, w: _CoreWork) -> list[int]:
+    """Rows of each A tile one core streams per (K tile, N tile) pass."""
+    ms = _pieces(w.rows[1], t.mt)
+    if p.b_shared:
+        bs = _pieces(w.batches[1], t.bt)
+        return [b * m for b in bs for m in ms]
+    return ms
+
+
+def _core_dram_bytes(p: _Problem, s: Split, w: _CoreWork) -> tuple[int, int, int]:
+    """Bytes one core moves (whole sticks): A read once, B and bias reads, output writes."""
+    nb, nm = w.batches[1], w.rows[1]
+    k_el, n_el = w.kcols[1], w.ncols[1]
+    groups = 1 if p.b_shared else nb
+    if p.a_transposed:
+        a = nb * k_el * _round(nm, p.a.layout.lanes) * 2
+    else:
+        a = nb * nm * _round(k_el, UNIT) * 2
+    if p.b_transposed:
+        b = groups * n_el * _round(k_el, UNIT) * 2
+    else:
+        b = groups * k_el * _round(n_el, p.b.layout.lanes) * 2
+    stores = w.partner in (0, s.k - 1)
+    share = 1.0 if s.k == 1 else 0.5  # the two ends of a chain each finish half the chunks
+    out = nb * nm * _round(n_el, p.out.layout.lanes) * p.out.layout.itemsize * share if stores else 0
+    addends = 0.0
+    for x in (p.bias, p.residual):
+        if x is not None and stores:
+            rows = (nb if x.strides[0] else 1) * (nm if x.strides[1] else 1)
+            addends += rows * _round(n_el, x.layout.lanes) * x.layout.itemsize * share
+    return a, b + int(addends), int(out)
+
+

@@ -1,0 +1,327 @@
+"""Writing a matmul plan as per-core instruction streams.
+
+Weight-stationary: for each N tile, for each K tile, one B tile stays while A tiles stream through it;
+A stays resident in scratchpad when it fits. A, B (and transposition staging) buffers and the fp32
+accumulators are double-buffered, so loads overlap PE work and one tile's epilogue overlaps the next
+tile's matmuls. The epilogue (alpha, beta * bias, an activation, a residual) runs in fp32 and rounds
+once to the output dtype. With a K-split, partial sums (fp32) flow down a chain of adjacent partners,
+chunk by chunk, alternating direction so both ring directions work; the last partner of a chain adds
+the epilogue and stores. Receive buffers are reused with credit tokens (signal/wait).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ....card.config import CardConfig
+from ....program import (
+    dram_spans,
+    Elementwise,
+    Instruction,
+    MatMul,
+    Operand,
+    Program,
+    RingRecv,
+    RingSend,
+    Scalar,
+    Signal,
+    SpTensor,
+    Wait,
+)
+from ... import scratchpad
+from .plan import (
+    Split,
+    Tiles,
+    _assign,
+    _buffers,
+    _chunks_el,
+    _core_shape,
+    _CoreWork,
+    _epilogue_chunks,
+    _round,
+    _row_tiles,
+)
+from .spec import DL, F32, UNIT, MatmulSpec, MatmulSpecError, _Bound, _check, _Problem
+
+
+class _Emitter:
+    """Instructions of one core."""
+
+    def __init__(self, p: _Problem, s: Split, t: Tiles, w: _CoreWork, offsets: dict[str, int], cfg: CardConfig,
+                 slots: "_Slots | None" = None):
+        self.p, self.s, self.t, self.w, self.off, self.cfg, self.slots = p, s, t, w, offsets, cfg, slots
+        self.sh = _core_shape(p, s, t, w)
+        self.ins: list[Instruction] = []
+        self.toggles: dict[str, int] = {}
+
+    def buf(self, name: str) -> int:
+        """Alternate between name0 and name1 (double buffering)."""
+        if name + "0" not in self.off:
+            return self.off[name]
+        i = self.toggles.get(name, 0)
+        self.toggles[name] = i ^ 1
+        return self.off[f"{name}{i}"] if f"{name}{i}" in self.off else self.off[f"{name}0"]
+
+    def row_tiles(self, batch: int | None) -> list[tuple[int, int, int, int, int]]:
+        return _row_tiles(self.p, self.t, self.w, batch)
+
+    def run(self) -> list[Instruction]:
+        passes = [None] if self.p.b_shared else list(range(self.w.batches[0], sum(self.w.batches)))
+        n_tiles = [(self.w.ncols[0] + a, n) for a, n in _chunks_el(self.w.ncols[1], self.sh.nt_el)]
+        k_tiles = [(self.w.kcols[0] + a, n) for a, n in _chunks_el(self.w.kcols[1], self.sh.kt_el)]
+        pending = None
+        for batch in passes:
+            rts = self.row_tiles(batch)
+            resident: dict[tuple[int, int], int] = {}
+            for n0, nn in n_tiles:
+                acc = self.buf("acc")
+                self.zero_acc_pad(acc, rts, nn)
+                for kk, (k0, kn) in enumerate(k_tiles):
+                    b_off = self.load_b(batch, k0, kn, n0, nn)
+                    for i, rt in enumerate(rts):
+                        a_off = self.load_a(rt, kk, k0, kn, i, resident)
+                        self.matmul(acc, rt, a_off, b_off, kn, nn, kk > 0)
+                if pending is not None:  # the previous tile's epilogue runs behind these matmuls
+                    self.epilogue(*pending)
+                pending = (acc, rts, n0, nn)
+                if "acc1" not in self.off:  # one accumulator: its epilogue must finish before reuse
+                    self.epilogue(*pending)
+                    pending = None
+        if pending is not None:
+            self.epilogue(*pending)
+        return self.ins
+
+    # --- loads -----------------------------------------------------------------------------------
+    def load_b(self, batch: int | None, k0: int, kn: int, n0: int, nn: int) -> int:
+        p, dst = self.p, self.buf("b")
+        bb = 0 if batch is None else batch
+        nt = _round(nn, UNIT)
+        if not p.b_transposed:  # [K rows, N sticks]: the PE arrays' order
+            self.ins.append(p.b.dma((bb, k0, n0), (1, kn, nn), dst, row_bytes=nt * 2))
+            return dst
+        stage, kt = self.buf("b_t"), _round(kn, p.b.layout.lanes)
+        self.ins.append(p.b.dma((bb, k0, n0), (1, kn, nn), stage))  # [N rows, K sticks]
+        self.ins.append(Elementwise("copy", SpTensor(dst, DL, (kn, nn), (nt, 1)),
+                                    (SpTensor(stage, DL, (kn, nn), (1, kt)),)))
+        return dst
+
+    def load_a(self, rt, kk: int, k0: int, kn: int, i: int, resident: dict) -> int:
+        p, t = self.p, self.t
+        b0, nb, m0, nm, _ = rt
+        kt = self.sh.kt_el
+        if t.a_resident:
+            key = (i, kk)
+            if key in resident:
+                return resident[key]
+            dst = self.off["a"] + (kk * self.sh.row_tiles + i) * self.sh.tile_rows * kt * 2
+            resident[key] = dst
+        else:
+            dst = self.buf("a")
+        if not p.a_transposed:
+            self.ins.append(p.a.dma((b0, m0, k0), (nb, nm, kn), dst, row_bytes=kt * 2))  # [rows, K sticks]
+            return dst
+        stage, ms = self.buf("a_t"), _round(nm, p.a.layout.lanes)
+        self.ins.append(p.a.dma((b0, m0, k0), (nb, nm, kn), stage))  # [batch, K rows, M sticks]
+        self.ins.append(Elementwise("copy", SpTensor(dst, DL, (nb, nm, kn), (nm * kt, kt, 1)),
+                                    (SpTensor(stage, DL, (nb, nm, kn), (kn * ms, 1, ms)),)))
+        return dst
+
+    def zero_acc_pad(self, acc: int, rts, nn: int) -> None:
+        """Columns past N in the last stick are never computed; zero them so whole sticks can move."""
+        nt = _round(nn, UNIT)
+        if nt == nn:
+            return
+        rows = sum(nb * nm for _, nb, _, nm, _ in rts)
+        self.ins.append(Elementwise("copy", SpTensor(acc + nn * 4, F32, (rows, nt - nn), (nt, 1)), (Scalar(0.0),)))
+
+    def matmul(self, acc: int, rt, a_off: int, b_off: int, kn: int, nn: int, accumulate: bool) -> None:
+        _, nb, _, nm, r = rt
+        nt, kt = _round(nn, UNIT), self.sh.kt_el
+        rows = nb * nm
+        self.ins.append(MatMul(SpTensor(acc + r * nt * 4, F32, (rows, nn), (nt, 1)),
+                               SpTensor(a_off, DL, (rows, kn), (kt, 1)),
+                               SpTensor(b_off, DL, (kn, nn), (nt, 1)), accumulate))
+
+    # --- epilogue: K-split chain, bias, alpha/beta, rounding, store --------------------------------
+    def epilogue(self, acc: int, rts, n0: int, nn: int) -> None:
+        nt = _round(nn, UNIT)
+        for chunk in self.chain_order(self.chunks(rts)):
+            b0, nb, m0, nm, r, direction = chunk
+            src = acc + r * nt * 4
+            if self.s.k > 1 and not self.chain_step(src, nb * nm * nt * 4, direction):
+                continue  # a partial sum passed on: another partner finishes this chunk
+            self.finish(src, (b0, nb, m0, nm), n0, nn)
+
+    def chain_order(self, chunks: list[tuple]) -> list[tuple]:
+        """This core's order for the chunks: by when their partial sums reach it. A chunk going up the
+        core ids reaches partner q after q hops, one going down after k-1-q; an in-order vector unit that
+        took them in list order would make each direction wait for the other's whole chain."""
+        if self.s.k == 1:
+            return chunks
+        q, k = self.w.partner, self.s.k
+        hops = (q, k - 1 - q)
+        keyed = sorted((i // 2 + hops[c[-1]], i) for i, c in enumerate(chunks))
+        return [chunks[i] for _, i in keyed]
+
+    def chunks(self, rts) -> list[tuple[int, int, int, int, int, int]]:
+        return _epilogue_chunks(rts, self.sh.chunk_rows)
+
+    def chain_step(self, src: int, nbytes: int, direction: int) -> bool:
+        """Pass this chunk's partial sum along the chain (direction 0: up the core ids, 1: down). Returns
+        True on the chain's last partner, which finishes the chunk."""
+        q, k, g = self.w.partner, self.s.k, self.w.group
+        pos = q if direction == 0 else k - 1 - q  # position along this chunk's chain
+        step = 1 if direction == 0 else -1
+        if pos > 0:
+            up = g[q - step]
+            slot = self.slots.next_recv(up, self.w.core)
+            self.ins.append(RingRecv(up, tag=0))
+            rows_bytes = SpTensor(src, F32, (nbytes // 4,))
+            self.ins.append(Elementwise("add", rows_bytes, (rows_bytes, SpTensor(slot.offset, F32, (nbytes // 4,)))))
+            if slot.credit:  # the upstream partner reuses this slot later: say it is free
+                self.ins.append(Signal(up, tag=1))
+        if pos == k - 1:
+            return True
+        down = g[q + step]
+        slot = self.slots.next_send(self.w.core, down)
+        if slot.wait:
+            self.ins.append(Wait(down, tag=1))
+        self.ins.append(RingSend(down, src, slot.offset, nbytes, tag=0, network=self.t.network))
+        return False
+
+    def finish(self, src: int, box: tuple[int, int, int, int], n0: int, nn: int) -> None:
+        p, spec = self.p, self.p.spec
+        b0, nb, m0, nm = box
+        nt = _round(nn, UNIT)
+        shape3, dense = (nb, nm, nn), (nm * nt, nt, 1)
+        acc = SpTensor(src, F32, shape3, dense)
+        if not p.needs_epilogue:  # fp32 out, nothing to add: store the accumulator as it is
+            self.ins.append(p.out.dma((b0, m0, n0), (nb, nm, nn), src, store=True, row_bytes=nt * 4))
+            return
+        out_off = self.buf("o")
+        out = SpTensor(out_off, p.out_dtype, shape3, dense)
+        steps = []  # (op, inputs): each works on the fp32 accumulator in place; the last writes out
+        if p.bias is not None:
+            bias = self.load_addend(p.bias, "bias", box, n0, nn)
+            if spec.beta != 1.0:
+                scaled = SpTensor(self.off["bias_scaled"], F32, shape3, dense)
+                self.ins.append(Elementwise("mul", scaled, (bias, Scalar(spec.beta))))
+                bias = scaled
+            steps.append(("fma", (acc, Scalar(spec.alpha), bias)))
+        elif spec.alpha != 1.0:
+            steps.append(("mul", (acc, Scalar(spec.alpha))))
+        if spec.activation:
+            steps.append((spec.activation, (acc,)))
+        if p.residual is not None:
+            steps.append(("add", (acc, self.load_addend(p.residual, "res", box, n0, nn))))
+        if not steps:
+            steps.append(("cast", (acc,)))  # the one rounding to the output dtype
+        for i, (op, inputs) in enumerate(steps):
+            self.ins.append(Elementwise(op, out if i == len(steps) - 1 else acc, inputs))
+        if nt != nn:
+            pad = SpTensor(out_off + nn * p.out.layout.itemsize, p.out_dtype, (nb, nm, nt - nn), dense)
+            self.ins.append(Elementwise("copy", pad, (Scalar(0.0),)))
+        self.ins.append(p.out.dma((b0, m0, n0), (nb, nm, nn), out_off, store=True, row_bytes=nt * p.out.layout.itemsize))
+
+    def load_addend(self, x: _Bound, buf: str, box: tuple[int, int, int, int], n0: int, nn: int) -> SpTensor:
+        """A bias or residual box, loaded once per distinct row (broadcast dims collapse), viewed at the
+        chunk's shape through stride-0 dims."""
+        b0, nb, m0, nm = box
+        nt = _round(nn, UNIT)
+        dst = self.buf(buf)
+        self.ins.append(x.dma((b0, m0, n0), (nb, nm, nn), dst, row_bytes=nt * x.layout.itemsize))
+        sb = nm * nt if x.strides[0] and x.strides[1] else nt
+        strides = (sb if x.strides[0] else 0, nt if x.strides[1] else 0, 1)
+        return SpTensor(dst, x.layout.device_dtype, (nb, nm, nn), strides)
+
+
+
+@dataclass
+class _Slot:
+    offset: int
+    credit: bool = False  # receiver: signal after use
+    wait: bool = False  # sender: wait for the credit before sending
+
+
+class _Slots:
+    """Receive slots for partial sums, per (sender, receiver) pair, used round-robin. A reused slot needs a
+    credit: the receiver signals after adding it, the sender waits for that before overwriting it."""
+
+    def __init__(self, offsets: dict[str, int], uses: dict[tuple[int, int], int], count: int, nbytes: int,
+                 cores: int):
+        self.off, self.uses, self.count, self.nbytes, self.cores = offsets, uses, count, nbytes, cores
+        self.sent: dict[tuple[int, int], int] = {}
+        self.recv: dict[tuple[int, int], int] = {}
+
+    def _offset(self, src: int, dst: int, n: int) -> int:
+        return self.off[f"recv{0 if (dst - src) % self.cores == 1 else 1}"] + (n % self.count) * self.nbytes
+
+    def next_send(self, src: int, dst: int) -> _Slot:
+        n = self.sent.get((src, dst), 0)
+        self.sent[(src, dst)] = n + 1
+        return _Slot(self._offset(src, dst, n), wait=n >= self.count)
+
+    def next_recv(self, src: int, dst: int) -> _Slot:
+        n = self.recv.get((src, dst), 0)
+        self.recv[(src, dst)] = n + 1
+        return _Slot(self._offset(src, dst, n), credit=n + self.count < self.uses[(src, dst)])
+
+
+def _count_chain_uses(p: _Problem, s: Split, t: Tiles, work: list[_CoreWork], offsets: dict[str, int],
+                      cfg: CardConfig) -> dict[tuple[int, int], int]:
+    """How many chunks each partner sends to each neighbour (both ends must agree on credits)."""
+    uses: dict[tuple[int, int], int] = {}
+    for w in work:
+        em = _Emitter(p, s, t, w, offsets, cfg)
+        n_passes = 1 if p.b_shared else w.batches[1]
+        n_tiles = len(_chunks_el(w.ncols[1], em.sh.nt_el))
+        chunks = em.chunks(em.row_tiles(None if p.b_shared else w.batches[0]))
+        for d in (0, 1):
+            cnt = sum(1 for c in chunks if c[-1] == d) * n_tiles * n_passes
+            q = w.partner
+            pos = q if d == 0 else s.k - 1 - q
+            if pos < s.k - 1:
+                down = w.group[q + (1 if d == 0 else -1)]
+                uses[(w.core, down)] = uses.get((w.core, down), 0) + cnt
+    return uses
+
+
+def generate_plan(spec: MatmulSpec, split: Split, tiles: Tiles, config: CardConfig) -> Program:
+    """The program for one plan (used for the chosen plan and, in tests and benchmarks, alternatives)."""
+    p = _check(spec)
+    work = _assign(p, split, config)
+    if work is None:
+        raise MatmulSpecError(f"{p.describe()}: split {split} leaves cores without work")
+    if split.k > 1 and tiles.network not in ("reduce", "data"):
+        raise MatmulSpecError(f"a K-split sends partial sums over the 'reduce' or the 'data' ring, got {tiles.network!r}")
+    sh = _core_shape(p, split, tiles, work[0])
+    sp_plan = scratchpad.plan(_buffers(p, split, tiles, sh), config.scratchpad_plannable_bytes)
+    offsets = {b.name: b.offset for b in sp_plan.buffers}
+    uses = _count_chain_uses(p, split, tiles, work, offsets, config) if split.k > 1 else {}
+    slots = _Slots(offsets, uses, sh.recv_slots, sh.chunk_rows * sh.nt_el * 4, config.num_cores)
+    cores = {}
+    for w in work:
+        cores[w.core] = _Emitter(p, split, tiles, w, offsets, config, slots).run()
+    _check_spans(p, cores, config)
+    return Program(spec.name, _operands(spec), cores, {"kind": spec.kind, "split": str(split), "tiles": str(tiles)})
+
+
+def _operands(spec: MatmulSpec) -> list[Operand]:
+    out = []
+    seen = set()
+    for view, access in ((spec.a, "in"), (spec.b, "in"), (spec.bias, "in"), (spec.residual, "in"), (spec.out, "out")):
+        if view is None or view.name in seen:
+            continue
+        seen.add(view.name)
+        out.append(view.operand(access))
+    return out
+
+
+def _check_spans(p: _Problem, cores: dict[int, list[Instruction]], cfg: CardConfig) -> None:
+    for core, ins in cores.items():
+        total = sum(hi - lo for lo, hi in dram_spans(ins).values())
+        if total > cfg.core_address_span_bytes:
+            raise MatmulSpecError(f"{p.describe()}: core {core} would address {total} bytes of device memory, more "
+                                  f"than config.core_address_span_bytes = {cfg.core_address_span_bytes}")
+
+

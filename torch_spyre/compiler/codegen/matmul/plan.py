@@ -1,0 +1,243 @@
+"""A matmul plan: the work division over cores (:class:`Split`) and each core's tiles (:class:`Tiles`).
+
+What a plan means, independent of what it costs: which box of (batch, M rows, N sticks, K) each core
+gets (:func:`_assign`; K-split partners on adjacent ring stops, from :func:`~torch_spyre.compiler.
+placement.partner_groups`), every split worth considering (:func:`_splits`), the sizes one core works
+with (:class:`_Shape`), its A tiles and epilogue chunks, and the scratchpad buffers it needs
+(:func:`_buffers`, :func:`_fits`). The cost model (``cost.py``) prices a plan, the search (``search.py``)
+picks one, the emitter (``emit.py``) writes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ....card.config import CardConfig
+from ....card.costs import ceil_div
+from ...placement import partner_groups
+from ...scratchpad import SpBuffer
+from .spec import UNIT, _Problem
+
+
+# =============================================================================================
+# Work division and tiles
+# =============================================================================================
+@dataclass(frozen=True)
+class Split:
+    """Cores along batch, M (rows), N (sticks) and K (partners summing partial results)."""
+
+    batch: int
+    m: int
+    n: int
+    k: int
+
+    @property
+    def cores(self) -> int:
+        return self.batch * self.m * self.n * self.k
+
+    def __str__(self) -> str:
+        return f"b{self.batch} m{self.m} n{self.n} k{self.k}"
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Per core: ``bt`` batches x ``mt`` rows per A tile, ``nt`` and ``kt`` sticks (of 64) per B tile;
+    ``a_resident``: the core's whole A slice stays in scratchpad across N tiles."""
+
+    bt: int
+    mt: int
+    nt: int
+    kt: int
+    a_resident: bool
+    network: str = ""  # where K-split partial sums travel: "reduce" or "data" ring ("" without a K-split)
+    # Two accumulators let one N tile's epilogue run behind the next tile's matmuls; one accumulator
+    # halves that space for wider N tiles (less A traffic) at the cost of a serial epilogue per tile.
+    acc_double: bool = True
+
+    def __str__(self) -> str:
+        res = ", A resident" if self.a_resident else ""
+        rows = f"{self.bt}x{self.mt}" if self.bt > 1 else f"{self.mt}"
+        net = f", sums over the {self.network} ring" if self.network else ""
+        acc = "" if self.acc_double else ", one accumulator"
+        return f"M {rows} rows, N {self.nt} sticks, K {self.kt} sticks{res}{net}{acc}"
+
+
+def _chunks(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
+    """[start, size) of ``parts`` nearly equal pieces in multiples of ``align`` (the last may be short)."""
+    return _chunks_el(total, _round(ceil_div(total, parts), align)) if total > 0 else []
+
+
+def _chunks_el(total: int, step: int) -> list[tuple[int, int]]:
+    """[start, size) of pieces of ``step`` elements (the last may be short)."""
+    return [(s, min(step, total - s)) for s in range(0, total, step)]
+
+
+@dataclass(frozen=True)
+class _CoreWork:
+    core: int
+    batches: tuple[int, int]  # [start, count)
+    rows: tuple[int, int]  # M
+    ncols: tuple[int, int]  # N elements
+    kcols: tuple[int, int]  # K elements
+    partner: int  # index among K-split partners
+    group: tuple[int, ...]  # the partners' cores, in ring order
+
+
+def _row_align(p: _Problem) -> int:
+    return p.a.layout.lanes if p.a_transposed else 1
+
+
+def _assign(p: _Problem, s: Split, cfg: CardConfig) -> list[_CoreWork] | None:
+    """Core -> its box; None if a split leaves a core without work. K-split partners sit on adjacent
+    ring stops, in partner order; the groups alternate between the two sides of the memory stop
+    (:func:`~torch_spyre.compiler.placement.partner_groups`)."""
+    bs = _chunks(p.batch, s.batch)
+    ms = _chunks(p.M, s.m, _row_align(p))
+    ns = [(a * UNIT, min(n * UNIT, p.N - a * UNIT)) for a, n in _chunks(p.n_units, s.n)]
+    ks = [(a * UNIT, min(n * UNIT, p.K - a * UNIT)) for a, n in _chunks(p.k_units, s.k)]
+    if (len(bs), len(ms), len(ns), len(ks)) != (s.batch, s.m, s.n, s.k):
+        return None
+    groups = iter(partner_groups(s.cores // s.k, s.k, cfg))
+    work = []
+    for b in bs:
+        for m in ms:
+            for n in ns:
+                group = next(groups)
+                work += [_CoreWork(group[q], b, m, n, k, q, group) for q, k in enumerate(ks)]
+    return work
+
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _factors(extent: int, cores: int) -> list[int]:
+    """Ways to cut one dimension: divisors of the card's core count (the usual, even divisions) and of
+    the extent itself (12 heads on 12 or 24 cores), never more pieces than the extent has."""
+    return sorted({d for d in _divisors(cores) + _divisors(extent) if d <= min(extent, cores)})
+
+
+def _splits(p: _Problem, cfg: CardConfig) -> list[Split]:
+    """Every split over at most the card's cores that gives each core work."""
+    n, out = cfg.num_cores, []
+    for pb in _factors(p.batch, n):
+        for pm in _factors(p.M, n // pb):
+            for pn in _factors(p.n_units, n // pb // pm):
+                for pk in _factors(p.k_units, n // pb // pm // pn):
+                    s = Split(pb, pm, pn, pk)
+                    if _assign(p, s, cfg) is not None:
+                        out.append(s)
+    return out
+
+
+
+# =============================================================================================
+# Scratchpad buffers of one core
+# =============================================================================================
+@dataclass(frozen=True)
+class _Shape:
+    """The sizes one core works with (its largest box)."""
+
+    groups: int  # passes over B: batches one by one, or one pass when B is shared
+    group_rows: int  # rows per pass (batches x M when B is shared)
+    kt_el: int
+    nt_el: int
+    tile_rows: int
+    chunk_rows: int
+    n_tiles: int
+    k_tiles: int
+    row_tiles: int
+    recv_slots: int = 0
+
+
+def _core_shape(p: _Problem, s: Split, t: Tiles, w: _CoreWork) -> _Shape:
+    nb, nm = w.batches[1], w.rows[1]
+    groups, group_rows = (1, nb * nm) if p.b_shared else (nb, nm)
+    tile_rows = t.bt * t.mt
+    row_tiles = (-(-nb // t.bt) if p.b_shared else 1) * -(-nm // t.mt)
+    chunk_rows = _chunk_rows(t, s)
+    slots = 0
+    if s.k > 1:
+        rts = _row_tiles(p, t, w, None if p.b_shared else w.batches[0])
+        slots = 2 * -(-len(_epilogue_chunks(rts, chunk_rows)) // 2)
+    return _Shape(groups, group_rows, t.kt * UNIT, t.nt * UNIT, tile_rows, chunk_rows,
+                  -(-w.ncols[1] // (t.nt * UNIT)), -(-w.kcols[1] // (t.kt * UNIT)), row_tiles, slots)
+
+
+def _chunk_rows(t: Tiles, s: Split) -> int:
+    """Rows per epilogue chunk: with a K-split, smaller chunks pipeline the partial-sum chain."""
+    if s.k == 1:
+        return t.mt
+    return max(64, -(-t.mt // (2 * s.k)))
+
+
+def _buffers(p: _Problem, s: Split, t: Tiles, sh: _Shape) -> list[SpBuffer]:
+    """Every scratchpad buffer one core needs. All live for the whole kernel (the loops reuse them)."""
+    rows, kt, nt = sh.tile_rows, sh.kt_el, sh.nt_el
+    bufs = []
+    if t.a_resident:
+        bufs.append(SpBuffer("a", sh.row_tiles * sh.k_tiles * rows * kt * 2))
+    else:
+        bufs += [SpBuffer(f"a{i}", rows * kt * 2) for i in range(2)]
+    if p.a_transposed:
+        bufs += [SpBuffer(f"a_t{i}", t.bt * kt * _round(t.mt, p.a.layout.lanes) * 2) for i in range(2)]
+    bufs += [SpBuffer(f"b{i}", kt * nt * 2) for i in range(2)]
+    if p.b_transposed:
+        bufs += [SpBuffer(f"b_t{i}", nt * kt * 2) for i in range(2)]
+    n_acc = 2 if t.acc_double and sh.n_tiles * sh.groups > 1 else 1
+    bufs += [SpBuffer(f"acc{i}", sh.row_tiles * rows * nt * 4) for i in range(n_acc)]
+    chunk = sh.chunk_rows if s.k > 1 else rows
+    if p.needs_epilogue:
+        bufs += [SpBuffer(f"o{i}", chunk * nt * p.out.layout.itemsize) for i in range(2)]
+    if p.bias is not None:
+        bufs += [SpBuffer(f"bias{i}", chunk * nt * p.bias.layout.itemsize) for i in range(2)]
+        if p.spec.beta != 1.0:
+            bufs.append(SpBuffer("bias_scaled", chunk * nt * 4))
+    if p.residual is not None:
+        bufs += [SpBuffer(f"res{i}", chunk * nt * p.residual.layout.itemsize) for i in range(2)]
+    if s.k > 1:  # receive slots from the upstream neighbour of each direction
+        bufs += [SpBuffer(f"recv{d}", sh.recv_slots * chunk * nt * 4) for d in range(2)]
+    return bufs
+
+
+def _round(x: int, m: int) -> int:
+    return ceil_div(x, m) * m
+
+
+def _fits(p: _Problem, s: Split, t: Tiles, sh: _Shape, cfg: CardConfig) -> bool:
+    need = sum(b.aligned_bytes for b in _buffers(p, s, t, sh))
+    return need <= cfg.scratchpad_plannable_bytes
+
+
+
+# =============================================================================================
+# A tiles and epilogue chunks of one core
+# =============================================================================================
+def _row_tiles(p: _Problem, t: Tiles, w: _CoreWork, batch: int | None) -> list[tuple[int, int, int, int, int]]:
+    """(batch0, nb, m0, nm, row offset in the accumulator) for each A tile of one pass over B."""
+    out, r = [], 0
+    bs = _chunks(w.batches[1], -(-w.batches[1] // t.bt)) if batch is None else [(batch - w.batches[0], 1)]
+    for b0, nb in bs:
+        for m0, nm in _chunks(w.rows[1], -(-w.rows[1] // t.mt), _row_align(p)):
+            out.append((w.batches[0] + b0, nb, w.rows[0] + m0, nm, r))
+            r += nb * nm
+    return out
+
+
+def _epilogue_chunks(rts, chunk_rows: int) -> list[tuple[int, int, int, int, int, int]]:
+    """Epilogue chunks (batch0, nb, m0, nm, acc row, chain direction), at most ``chunk_rows`` rows each and
+    contiguous in the accumulator; K-split partners list the same chunks."""
+    out = []
+    for b0, nb, m0, nm, r in rts:
+        if nb > 1 and nm <= chunk_rows:
+            per = max(1, chunk_rows // nm)
+            for bb, cnt in _chunks(nb, -(-nb // per)):
+                out.append((b0 + bb, cnt, m0, nm, r + bb * nm))
+        else:
+            for bb in range(nb):
+                for mm, cnt in _chunks(nm, -(-nm // chunk_rows)):
+                    out.append((b0 + bb, 1, m0 + mm, cnt, r + bb * nm + mm))
+    return [(*c, i % 2) for i, c in enumerate(out)]
+
+
