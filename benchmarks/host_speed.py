@@ -1,0 +1,187 @@
+"""Host cost of the simulated card: what a user waits for, as ratios against the CPU measured in one run.
+
+    python benchmarks/host_speed.py            # all rows
+    python benchmarks/host_speed.py --quick    # fewer repeats, no `spyre run` subprocess
+    python benchmarks/host_speed.py --json     # one JSON object instead of the table
+
+Rows (each a median of ``--repeat`` calls after warm-up; ratios are spyre / CPU of the same run):
+1. compiled MiniLM forward (real all-MiniLM-L6-v2 weights, batch 8, seq 128, fp16 on spyre) against
+   CPU eager fp32 of the same model and inputs;
+2. a cached small eager op (64x64 fp32 add, a single-op program) against the same op on the CPU;
+3. ``SentenceTransformer(path, device="spyre").encode`` of 8 sentences (eager, cached) against
+   ``device="cpu"``;
+4. a new sequence length in an already-compiled matmul-heavy graph (an MLP 384-1536-384 compiled with
+   ``dynamic=True``): host time of the first call at a new length against a repeat call;
+5. the full ``spyre run`` in a fresh process with an empty Inductor cache (not with ``--quick``).
+
+Host wall time depends on this machine and its load: the figures belong in tables like this one, never in
+tests. Simulated device time is the card's and does not depend on the host.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+# Compile costs are measured from empty caches: this process gets its own Inductor cache directory.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="spyre_host_speed_"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import argparse  # noqa: E402
+import copy  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from typing import Any, Callable  # noqa: E402
+
+import torch  # noqa: E402
+
+import torch_spyre  # noqa: E402, F401
+from torch_spyre.jobs import embed as job  # noqa: E402
+
+
+def _sync() -> None:
+    torch.spyre.synchronize()
+
+
+def median_seconds(fn: Callable[[], Any], repeat: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def row(name: str, spyre_s: float, cpu_s: float, target: float | None, baseline: str) -> dict[str, Any]:
+    ratio = spyre_s / cpu_s if cpu_s > 0 else float("inf")
+    return {"row": name, "spyre_s": spyre_s, "baseline_s": cpu_s, "baseline": baseline, "ratio": ratio,
+            "target_ratio": target, "meets_target": None if target is None else ratio <= target}
+
+
+def minilm_compiled(repeat: int) -> dict[str, Any]:
+    tokenizer, model = job.load_minilm(torch.float32)
+    inputs = job.tokenize(tokenizer, [job.DEFAULT_SENTENCES[i % len(job.DEFAULT_SENTENCES)] for i in range(8)], 128)
+    cpu_embed = job.sentence_embedder(model)
+    spyre_model = copy.deepcopy(model).half().to("spyre")
+    forward = job.build_forward(spyre_model, "compiled")
+    dev_inputs = {k: v.to("spyre") for k, v in inputs.items()}
+
+    def on_spyre() -> None:
+        with torch.no_grad():
+            forward(dev_inputs)
+        _sync()
+
+    def on_cpu() -> None:
+        with torch.no_grad():
+            cpu_embed(inputs)
+
+    t0 = time.perf_counter()
+    on_spyre()  # compiles
+    first = time.perf_counter() - t0
+    spyre_s = median_seconds(on_spyre, repeat, warmup=0)
+    cpu_s = median_seconds(on_cpu, repeat)
+    out = row("compiled MiniLM forward (batch 8, seq 128)", spyre_s, cpu_s, 5.0, "CPU eager fp32")
+    out["first_call_s"] = first
+    return out
+
+
+def small_eager_op(repeat: int) -> dict[str, Any]:
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    da, db = a.to("spyre"), b.to("spyre")
+
+    def on_spyre() -> None:
+        da + db
+        _sync()
+
+    spyre_s = median_seconds(on_spyre, repeat * 10, warmup=3)  # the first call compiles the program
+    cpu_s = median_seconds(lambda: a + b, repeat * 100, warmup=10)
+    return row("cached eager add 64x64 fp32", spyre_s, cpu_s, 250.0, "CPU op")
+
+
+def sentence_transformers_encode(repeat: int) -> dict[str, Any] | None:
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        return None
+    path = str(job.model_path())
+    sentences = [job.DEFAULT_SENTENCES[i % len(job.DEFAULT_SENTENCES)] for i in range(8)]
+    on_spyre = SentenceTransformer(path, device="spyre")
+    on_cpu = SentenceTransformer(path, device="cpu")
+
+    def spyre_call() -> None:
+        on_spyre.encode(sentences)
+        _sync()
+
+    spyre_s = median_seconds(spyre_call, repeat, warmup=1)
+    cpu_s = median_seconds(lambda: on_cpu.encode(sentences), repeat, warmup=1)
+    return row("SentenceTransformer.encode, 8 sentences (eager)", spyre_s, cpu_s, 10.0, "device='cpu'")
+
+
+def new_sequence_length(repeat: int) -> dict[str, Any]:
+    mlp = torch.nn.Sequential(torch.nn.Linear(384, 1536), torch.nn.GELU(), torch.nn.Linear(1536, 384)).half()
+    on_card = torch.compile(mlp.to("spyre"), dynamic=True)
+    with torch.no_grad():
+        on_card(torch.randn(64, 384, dtype=torch.float16).to("spyre"))  # compiles the symbolic graph
+        _sync()
+        news = []
+        for length in (96, 160, 224)[: max(1, min(3, repeat))]:
+            x = torch.randn(length, 384, dtype=torch.float16).to("spyre")
+            t0 = time.perf_counter()
+            on_card(x)
+            _sync()
+            news.append(time.perf_counter() - t0)
+        repeat_s = median_seconds(lambda: (on_card(x), _sync()), repeat, warmup=0)
+    return row("new sequence length, compiled MLP 384-1536-384", statistics.median(news), repeat_s, None,
+               "repeat call at a seen length")
+
+
+def spyre_run_fresh() -> dict[str, Any]:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="spyre_run_fresh_"))
+    spyre = os.path.join(os.path.dirname(sys.executable), "spyre")
+    cmd = [spyre, "run"] if os.path.exists(spyre) else [sys.executable, "-m", "torch_spyre.cli", "run"]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seconds = time.perf_counter() - t0
+    return {"row": "`spyre run`, fresh process, empty Inductor cache", "spyre_s": seconds, "baseline_s": None,
+            "baseline": "-", "ratio": None, "target_ratio": None, "meets_target": None}
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print("| row | spyre | baseline | baseline is | ratio | target |")
+    print("|---|---:|---:|---|---:|---:|")
+    for r in rows:
+        base = "-" if r["baseline_s"] is None else f"{r['baseline_s'] * 1e3:,.2f} ms"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:,.1f}x"
+        target = "-" if r["target_ratio"] is None else f"≤ {r['target_ratio']:g}x"
+        extra = f" (first call {r['first_call_s']:.1f} s)" if "first_call_s" in r else ""
+        print(f"| {r['row']}{extra} | {r['spyre_s'] * 1e3:,.2f} ms | {base} | {r['baseline']} | {ratio} | {target} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=5, help="timed calls per row (median)")
+    parser.add_argument("--quick", action="store_true", help="3 repeats, no `spyre run` subprocess")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    repeat = 3 if args.quick else args.repeat
+    torch.set_num_threads(1)  # the card's executor runs single-threaded; compare like with like
+    rows = [small_eager_op(repeat), new_sequence_length(repeat), minilm_compiled(repeat)]
+    st = sentence_transformers_encode(repeat)
+    if st is not None:
+        rows.append(st)
+    if not args.quick:
+        rows.append(spyre_run_fresh())
+    if args.json:
+        print(json.dumps({"rows": rows}, indent=2))
+    else:
+        print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
