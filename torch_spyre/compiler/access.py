@@ -159,7 +159,8 @@ class TensorView:
     @staticmethod
     def whole(name: str, layout: StickLayout, storage_offset: int = 0) -> "TensorView":
         """The whole allocation, as allocated (shifted by ``storage_offset``)."""
-        return TensorView(name, layout, layout.host_shape, layout.host_strides, storage_offset)
+        strides = layout.host_strides[:len(layout.host_shape)]  # a 0-d allocation: shape (), strides ()
+        return TensorView(name, layout, layout.host_shape, strides, storage_offset)
 
     @staticmethod
     def contiguous(name: str, shape: Sequence[int], device_dtype: str, stick_dim: int = -1) -> "TensorView":
