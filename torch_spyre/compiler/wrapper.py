@@ -109,7 +109,7 @@ def register_builtin_generators() -> None:
     """The whole-op generators this build has: every ``codegen_*`` module that defines ``GENERATOR``
     (its name) and ``generate(kspec, places, config)``; for matmul, this module's adapter unless
     codegen_matmul provides its own."""
-    for module in ("codegen_matmul", "codegen_attention", "codegen_gather"):
+    for module in ("codegen_matmul", "codegen.attention", "codegen.gather"):
         try:
             mod = __import__(f"torch_spyre.compiler.{module}", fromlist=["generate"])
         except ImportError:
