@@ -45,6 +45,3 @@ def _emit_chunk(p: _Plan, rows: _RowSticks, c: _Chunk, buf: dict[str, int], pari
             ins += dma_tile(p.out, out_dev[:, :, col:col + length], off, store=True)
             col += length
     return ins
-
-
-# ---------------------------------------------------------------------------------------------

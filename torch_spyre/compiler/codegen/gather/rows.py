@@ -89,6 +89,3 @@ def _out_sticks(p: _Plan, rows: _RowSticks, positions: np.ndarray) -> np.ndarray
     if dev.shape[1] != rows.sticks_per_key:
         raise CodegenError(f"gather out %{out.name}: rows span {dev.shape[1]} sticks but source rows {rows.sticks_per_key}")
     return dev.reshape(n, -1)
-
-
-# ---------------------------------------------------------------------------------------------

@@ -129,13 +129,10 @@ def _gather_as_select(spec: GatherSpec, dim: int) -> tuple[TensorView, TensorVie
     if any(idx.shape[d] > src.shape[d] for d in range(len(idx.shape)) if d != dim):
         raise CodegenError(f"gather index shape {list(idx.shape)} exceeds source {list(src.shape)} off dim {dim}")
     narrowed = TensorView(src.name, src.layout, tuple(src.shape[dim] if d == dim else idx.shape[d]
-                                                      for d in range(len(src.shape))), src.strides, src.storage_offset)
+                                                       for d in range(len(src.shape))), src.strides, src.storage_offset)
     positions = TensorView(idx.name, idx.layout, tuple(s if d == dim else 1 for d, s in enumerate(idx.shape)),
-                          idx.strides, idx.storage_offset)
+                           idx.strides, idx.storage_offset)
     return narrowed, positions, idx.shape, ((dim, dim),)
-
-
-# ---------------------------------------------------------------------------------------------
 
 
 def _select_as_gather(spec: GatherSpec) -> GatherSpec:
@@ -145,7 +142,7 @@ def _select_as_gather(spec: GatherSpec) -> GatherSpec:
         raise CodegenError(f"index_select index %{idx.name} must be 1-d, got shape {list(idx.shape)}")
     n, stride = (idx.shape[0], idx.strides[0]) if idx.shape else (1, 1)
     expanded = TensorView(idx.name, idx.layout, (*src.shape[:-1], n), (0,) * (len(src.shape) - 1) + (stride,),
-                         idx.storage_offset)
+                          idx.storage_offset)
     return GatherSpec("gather", src, expanded, spec.out, -1, spec.name, spec.chunk,
                       spec.source_ops or ("aten.index_select.default",))
 
