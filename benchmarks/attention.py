@@ -26,8 +26,9 @@ from torch_spyre.card import Card, load_config  # noqa: E402
 from torch_spyre.card.layout import StickLayout  # noqa: E402
 from torch_spyre.card.timing import time_program  # noqa: E402
 from torch_spyre.card.validate import validate  # noqa: E402
-from torch_spyre.compiler.codegen_attention import AttentionSpec, build_attention  # noqa: E402
-from torch_spyre.compiler.codegen_gather import GatherSpec, TensorArg, build_gather  # noqa: E402
+from torch_spyre.compiler.codegen.attention import AttentionSpec, build_attention  # noqa: E402
+from torch_spyre.compiler.access import TensorView  # noqa: E402
+from torch_spyre.compiler.codegen.gather import GatherSpec, build_gather  # noqa: E402
 
 
 def minilm(batch: int) -> AttentionSpec:
@@ -41,10 +42,10 @@ def minilm_fused_qkv(batch: int, torch_style_out: bool = False) -> AttentionSpec
     B, L, H, D = batch, 128, 12, 32
     lay = StickLayout((B, L, 3 * H * D), 2, "dlfloat16")
     strides = (L * 3 * H * D, D, 3 * H * D, 1)
-    q, k, v = (TensorArg("qkv", lay, (B, H, L, D), strides, part * H * D) for part in range(3))
-    out = TensorArg.contiguous("out", (B, H, L, D), torch.float16)
+    q, k, v = (TensorView("qkv", lay, (B, H, L, D), strides, part * H * D) for part in range(3))
+    out = TensorView.contiguous("out", (B, H, L, D), torch.float16)
     if torch_style_out:
-        out = TensorArg("out", StickLayout((B, L, H * D), 2, "dlfloat16"), (B, H, L, D), (L * H * D, D, H * D, 1))
+        out = TensorView("out", StickLayout((B, L, H * D), 2, "dlfloat16"), (B, H, L, D), (L * H * D, D, H * D, 1))
     return AttentionSpec(q, k, v, out, name=f"minilm_qkv_b{batch}")
 
 
@@ -79,7 +80,7 @@ def _check_attention(card: Card, spec: AttentionSpec, program: Any) -> float:
     inp = _attention_inputs(spec)
     out, _ = run_on_card(card, program, inp)
 
-    def view(t: TensorArg) -> torch.Tensor:
+    def view(t: TensorView) -> torch.Tensor:
         return torch.as_strided(inp[t.name].float(), t.shape, t.strides, t.storage_offset)
 
     ref = F.scaled_dot_product_attention(view(spec.query), view(spec.key), view(spec.value),

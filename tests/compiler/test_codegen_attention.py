@@ -17,8 +17,8 @@ from torch_spyre.card import Card, load_config  # noqa: E402
 from torch_spyre.card.layout import StickLayout  # noqa: E402
 from torch_spyre.card.timing import time_program  # noqa: E402
 from torch_spyre.card.validate import validate  # noqa: E402
-from torch_spyre.compiler.codegen_attention import AttentionSpec, build_attention  # noqa: E402
-from torch_spyre.compiler.codegen_gather import CodegenError, TensorArg  # noqa: E402
+from torch_spyre.compiler.codegen.attention import AttentionSpec, build_attention  # noqa: E402
+from torch_spyre.compiler.access import CodegenError, TensorView  # noqa: E402
 from torch_spyre.compiler.decisions import KernelDecisions  # noqa: E402
 from torch_spyre.program import MatMul, Program  # noqa: E402
 
@@ -145,7 +145,7 @@ def test_mask_view_starting_mid_stick(card, config):
     the mask's 128-lane sticks and span two sticks."""
     base = AttentionSpec.build(2, 2, 30, 64, seq_k=150, block_k=64)
     lay = StickLayout((2, 1, 1, 300), -1, "bool")
-    mask = TensorArg("mask", lay, (2, 1, 1, 150), (300, 300, 300, 1), 100)
+    mask = TensorView("mask", lay, (2, 1, 1, 150), (300, 300, 300, 1), 100)
     spec = AttentionSpec(base.query, base.key, base.value, base.out, mask, block_k=64)
     program, _ = build_attention(spec, config)
     inp = _inputs(base)
@@ -162,8 +162,8 @@ def _fused_qkv(B: int, L: int, H: int, D: int, **kw) -> AttentionSpec:
     qkv linear gives): heads of 32 sit two to a stick, at lanes 0 and 32."""
     lay = StickLayout((B, L, 3 * H * D), 2, "dlfloat16")
     strides = (L * 3 * H * D, D, 3 * H * D, 1)
-    q, k, v = (TensorArg("qkv", lay, (B, H, L, D), strides, part * H * D) for part in range(3))
-    return AttentionSpec(q, k, v, TensorArg.contiguous("out", (B, H, L, D), torch.float16), **kw)
+    q, k, v = (TensorView("qkv", lay, (B, H, L, D), strides, part * H * D) for part in range(3))
+    return AttentionSpec(q, k, v, TensorView.contiguous("out", (B, H, L, D), torch.float16), **kw)
 
 
 @pytest.mark.parametrize("lane_heads", [1, 2])
@@ -174,7 +174,7 @@ def test_fused_qkv_views(card, config, lane_heads, masking):
     B, L, H, D = 2, 50, 4, 32
     mask = None
     if masking == "per_head_mask":
-        mask = TensorArg.contiguous("mask", (B, H, L, L), torch.bool)
+        mask = TensorView.contiguous("mask", (B, H, L, L), torch.bool)
     spec = _fused_qkv(B, L, H, D, attn_mask=mask, is_causal=masking == "causal", lane_heads_per_tile=lane_heads,
                       batches_per_tile=2, block_k=64)
     program, dec = build_attention(spec, config)
@@ -198,7 +198,7 @@ def test_fused_qkv_in_and_torch_style_out(card, config, B, H, L):
     buffer (the layout torch's CPU flash attention returns): two heads share each output stick, so the
     pair is computed in one tile and stored together."""
     D = 32
-    out = TensorArg("out", StickLayout((B, L, H * D), 2, "dlfloat16"), (B, H, L, D), (L * H * D, D, H * D, 1))
+    out = TensorView("out", StickLayout((B, L, H * D), 2, "dlfloat16"), (B, H, L, D), (L * H * D, D, H * D, 1))
     base = _fused_qkv(B, L, H, D, is_causal=True)
     spec = AttentionSpec(base.query, base.key, base.value, out, is_causal=True)
     program, dec = build_attention(spec, config)
@@ -307,17 +307,17 @@ def _spec_with(**replace) -> AttentionSpec:
 
 
 @pytest.mark.parametrize("spec,message", [
-    (lambda: _spec_with(key=TensorArg.contiguous("k", (1, 4, 64, 32), torch.float16)), "shapes do not agree"),
-    (lambda: _spec_with(value=TensorArg.contiguous("v", (1, 4, 60, 64), torch.float16)), "shapes do not agree"),
-    (lambda: _spec_with(out=TensorArg.contiguous("out", (1, 4, 64, 32), torch.float16)), "out %out has shape"),
+    (lambda: _spec_with(key=TensorView.contiguous("k", (1, 4, 64, 32), torch.float16)), "shapes do not agree"),
+    (lambda: _spec_with(value=TensorView.contiguous("v", (1, 4, 60, 64), torch.float16)), "shapes do not agree"),
+    (lambda: _spec_with(out=TensorView.contiguous("out", (1, 4, 64, 32), torch.float16)), "out %out has shape"),
     (lambda: AttentionSpec.build(1, 6, 64, 64, kv_heads=4), "multiple of key/value heads"),
     (lambda: AttentionSpec.build(1, 8, 64, 64, kv_heads=2, enable_gqa=False), "enable_gqa=True"),
     (lambda: AttentionSpec.build(1, 4, 64, 64, dtype=torch.int32), "float16/bfloat16"),
     (lambda: AttentionSpec.build(1, 4, 64, 64, dtype=torch.float64), "unsupported dtype"),
     (lambda: AttentionSpec.build(1, 4, 64, 64, mask_shape=(3, 64)), "does not broadcast"),
     (lambda: AttentionSpec.build(1, 4, 64, 64, mask_shape=(64, 64), mask_dtype=torch.int32), "bool or float"),
-    (lambda: _spec_with(query=TensorArg.contiguous("q", (4, 64, 64), torch.float16)), "must be 4-d"),
-    (lambda: _spec_with(query=TensorArg("q", StickLayout((1, 4, 64, 64), 2, "dlfloat16"), (1, 4, 64, 64))),
+    (lambda: _spec_with(query=TensorView.contiguous("q", (4, 64, 64), torch.float16)), "must be 4-d"),
+    (lambda: _spec_with(query=TensorView("q", StickLayout((1, 4, 64, 64), 2, "dlfloat16"), (1, 4, 64, 64))),
      "relayout"),
 ])
 def test_bad_specs_raise_clear_errors(config, spec, message):
@@ -328,16 +328,15 @@ def test_bad_specs_raise_clear_errors(config, spec, message):
 def test_output_view_sharing_sticks_is_refused(config):
     """Heads of 32 written into a [B, L, H * 32] buffer share sticks between cores: refused with a hint."""
     B, L, H, D = 1, 64, 4, 32
-    out = TensorArg("out", StickLayout((B, L, H * D), 2, "dlfloat16"), (B, H, L, D), (L * H * D, D, H * D, 1))
+    out = TensorView("out", StickLayout((B, L, H * D), 2, "dlfloat16"), (B, H, L, D), (L * H * D, D, H * D, 1))
     base = AttentionSpec.build(B, H, L, D)
     with pytest.raises(CodegenError, match=r"share their sticks with other heads.*\(relayout\)"):
         build_attention(AttentionSpec(base.query, base.key, base.value, out), config)
 
 
 def test_wrapper_generator_interface(card, config):
-    """What compiler/wrapper.py calls: generate(KernelSpec, {name: TensorPlace}, config) -> Program."""
-    from torch_spyre.compiler.access import TensorPlace
-    from torch_spyre.compiler.codegen_attention import GENERATOR, generate
+    """What compiler/wrapper.py calls: generate(KernelSpec, {name: TensorView}, config) -> Program."""
+    from torch_spyre.compiler.codegen.attention import GENERATOR, generate
     from torch_spyre.compiler.kernel_ir import BufferSpec, KernelSpec
 
     spec = AttentionSpec.build(1, 4, 50, 64, kv_heads=2, is_causal=True, mask_shape=(1, 1, 1, 50))
@@ -347,7 +346,7 @@ def test_wrapper_generator_interface(card, config):
     kspec = KernelSpec("sdpa_0", [], [], [], buffers, ["aten._scaled_dot_product_flash_attention_for_cpu"],
                        generator=GENERATOR, params=dict(query="q", key="k", value="v", out="out", attn_mask="mask",
                                                         is_causal=True, enable_gqa=True))
-    program = generate(kspec, {n: TensorPlace(t.layout, 0) for n, t in args.items()}, config)
+    program = generate(kspec, {n: TensorView.whole(n, t.layout) for n, t in args.items()}, config)
     assert program.name == "sdpa_0" and program.metadata["decisions"]["kind"] == "attention"
     inp = _inputs(spec, mask_fill="padding")
     out, _ = run_on_card(card, program, inp)

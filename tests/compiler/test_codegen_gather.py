@@ -20,14 +20,8 @@ from torch_spyre.card.execute import ExecutionError  # noqa: E402
 from torch_spyre.card.layout import StickLayout  # noqa: E402
 from torch_spyre.card.timing import time_program  # noqa: E402
 from torch_spyre.card.validate import validate  # noqa: E402
-from torch_spyre.compiler.codegen_gather import (  # noqa: E402
-    CodegenError,
-    GatherSpec,
-    TensorArg,
-    build_gather,
-    explain_gather_error,
-    stick_patterns,
-)
+from torch_spyre.compiler.access import CodegenError, TensorView, stick_patterns  # noqa: E402
+from torch_spyre.compiler.codegen.gather import GatherSpec, build_gather, explain_gather_error  # noqa: E402
 from torch_spyre.compiler.decisions import KernelDecisions  # noqa: E402
 from torch_spyre.program import DmaGather, Program  # noqa: E402
 
@@ -94,9 +88,9 @@ def test_gather_with_an_expanded_index_is_an_index_select(card, config):
     x = torch.randn(40, 6, 64, generator=g)
     small = torch.randint(0, 40, (11, 1, 1), generator=g)
     index = small.expand(11, 5, 64)  # also narrower than x along dim 1
-    spec = GatherSpec("gather", TensorArg.contiguous("x", (40, 6, 64), torch.float32),
-                      TensorArg("i", StickLayout((11, 1, 1), -1, "int64"), (11, 5, 64), (1, 0, 0)),
-                      TensorArg.contiguous("out", (11, 5, 64), torch.float32), 0)
+    spec = GatherSpec("gather", TensorView.contiguous("x", (40, 6, 64), torch.float32),
+                      TensorView("i", StickLayout((11, 1, 1), -1, "int64"), (11, 5, 64), (1, 0, 0)),
+                      TensorView.contiguous("out", (11, 5, 64), torch.float32), 0)
     got, _, _ = _run(card, config, spec, {"x": x, "i": small})
     torch.testing.assert_close(got, torch.gather(x, 0, index))
 
@@ -106,9 +100,9 @@ def test_index_view_with_offset_and_strides(card, config):
     g = _gen(3)
     weight = torch.randn(100, 64, generator=g).half()
     base = torch.randint(0, 100, (4, 40), generator=g)
-    view = TensorArg("idx", StickLayout((4, 40), -1, "int64"), (4, 20), (40, 1), 1)  # columns 1..20
-    spec = GatherSpec("embedding", TensorArg.contiguous("weight", (100, 64), torch.float16), view,
-                      TensorArg.contiguous("out", (4, 20, 64), torch.float16))
+    view = TensorView("idx", StickLayout((4, 40), -1, "int64"), (4, 20), (40, 1), 1)  # columns 1..20
+    spec = GatherSpec("embedding", TensorView.contiguous("weight", (100, 64), torch.float16), view,
+                      TensorView.contiguous("out", (4, 20, 64), torch.float16))
     got, _, _ = _run(card, config, spec, {"weight": weight, "idx": base})
     torch.testing.assert_close(got, F.embedding(base[:, 1:21], weight).float(), **DL_TOL)
 
@@ -125,8 +119,8 @@ def test_gather_along_the_stick_dim_matches_torch(card, config, shape, cols, dty
     x = (torch.randn(shape, generator=g) * 100).to(dtype)
     ishape = shape[:-1] + (cols,)
     idx = torch.randint(0, shape[-1], ishape, generator=g).to(index_dtype)
-    spec = GatherSpec("gather", TensorArg.contiguous("x", shape, dtype), TensorArg.contiguous("i", ishape, index_dtype),
-                      TensorArg.contiguous("o", ishape, dtype), -1)
+    spec = GatherSpec("gather", TensorView.contiguous("x", shape, dtype), TensorView.contiguous("i", ishape, index_dtype),
+                      TensorView.contiguous("o", ishape, dtype), -1)
     got, program, dec = _run(card, config, spec, {"x": x, "i": idx})
     assert dec.tiling["mode"].startswith("element gather")
     expected = torch.gather(x, -1, idx.long())
@@ -144,8 +138,8 @@ def test_index_select_along_the_stick_dim(card, config):
 
 @pytest.mark.parametrize("bad", [100, -3])
 def test_element_gather_index_out_of_range(card, config, bad):
-    spec = GatherSpec("gather", TensorArg.contiguous("x", (4, 100), torch.float16),
-                      TensorArg.contiguous("i", (4, 5), torch.int64), TensorArg.contiguous("o", (4, 5), torch.float16), 1)
+    spec = GatherSpec("gather", TensorView.contiguous("x", (4, 100), torch.float16),
+                      TensorView.contiguous("i", (4, 5), torch.int64), TensorView.contiguous("o", (4, 5), torch.float16), 1)
     program, _ = build_gather(spec, config)
     idx = torch.zeros(4, 5, dtype=torch.int64)
     idx[2, 3] = bad
@@ -222,27 +216,27 @@ def test_stick_patterns_cover_each_stick_once():
 # ---------------------------------------------------------------------------------------------
 def test_source_view_merging_dims_needs_a_relayout(config):
     """A [3, 5, 64] table viewed as [15, 64]: in the stick layout rows 4 and 5 are not one stride apart."""
-    src = TensorArg("w", StickLayout((3, 5, 64), -1, "dlfloat16"), (15, 64), (64, 1))
-    spec = GatherSpec("embedding", src, TensorArg.contiguous("i", (4,), torch.int64),
-                      TensorArg.contiguous("o", (4, 64), torch.float16))
+    src = TensorView("w", StickLayout((3, 5, 64), -1, "dlfloat16"), (15, 64), (64, 1))
+    spec = GatherSpec("embedding", src, TensorView.contiguous("i", (4,), torch.int64),
+                      TensorView.contiguous("o", (4, 64), torch.float16))
     with pytest.raises(CodegenError, match="not a fixed set of sticks .* relayout"):
         build_gather(spec, config)
 
 
 @pytest.mark.parametrize("make,message", [
     (lambda: GatherSpec.embedding(10, 64, (4,), index_dtype=torch.float32), "unsupported dtype|int64 or int32"),
-    (lambda: GatherSpec("embedding", TensorArg.contiguous("w", (10, 64), torch.float16),
-                        TensorArg.contiguous("i", (4,), torch.int64),
-                        TensorArg.contiguous("o", (4, 32), torch.float16)), "expected \\[4, 64\\]"),
-    (lambda: GatherSpec("gather", TensorArg.contiguous("x", (10, 64), torch.float16),
-                        TensorArg.contiguous("i", (4, 64), torch.int64),
-                        TensorArg.contiguous("o", (4, 64), torch.float16), 0), "varies along dim"),
-    (lambda: GatherSpec("scatter", TensorArg.contiguous("x", (10, 64), torch.float16),
-                        TensorArg.contiguous("i", (4,), torch.int64),
-                        TensorArg.contiguous("o", (4, 64), torch.float16)), "unknown gather kind"),
-    (lambda: GatherSpec("index_select", TensorArg.contiguous("x", (10, 64), torch.float16),
-                        TensorArg.contiguous("i", (2, 2), torch.int64),
-                        TensorArg.contiguous("o", (4, 64), torch.float16)), "must be 1-d"),
+    (lambda: GatherSpec("embedding", TensorView.contiguous("w", (10, 64), torch.float16),
+                        TensorView.contiguous("i", (4,), torch.int64),
+                        TensorView.contiguous("o", (4, 32), torch.float16)), "expected \\[4, 64\\]"),
+    (lambda: GatherSpec("gather", TensorView.contiguous("x", (10, 64), torch.float16),
+                        TensorView.contiguous("i", (4, 64), torch.int64),
+                        TensorView.contiguous("o", (4, 64), torch.float16), 0), "varies along dim"),
+    (lambda: GatherSpec("scatter", TensorView.contiguous("x", (10, 64), torch.float16),
+                        TensorView.contiguous("i", (4,), torch.int64),
+                        TensorView.contiguous("o", (4, 64), torch.float16)), "unknown gather kind"),
+    (lambda: GatherSpec("index_select", TensorView.contiguous("x", (10, 64), torch.float16),
+                        TensorView.contiguous("i", (2, 2), torch.int64),
+                        TensorView.contiguous("o", (4, 64), torch.float16)), "must be 1-d"),
 ])
 def test_bad_specs_raise_clear_errors(config, make, message):
     with pytest.raises(CodegenError, match=message):
@@ -250,9 +244,8 @@ def test_bad_specs_raise_clear_errors(config, make, message):
 
 
 def test_wrapper_generator_interface(card, config):
-    """What compiler/wrapper.py calls: generate(KernelSpec, {name: TensorPlace}, config) -> Program."""
-    from torch_spyre.compiler.access import TensorPlace
-    from torch_spyre.compiler.codegen_gather import GENERATOR, generate
+    """What compiler/wrapper.py calls: generate(KernelSpec, {name: TensorView}, config) -> Program."""
+    from torch_spyre.compiler.codegen.gather import GENERATOR, generate
     from torch_spyre.compiler.kernel_ir import BufferSpec, KernelSpec
 
     spec = GatherSpec.embedding(100, 64, (3, 7))
@@ -261,7 +254,7 @@ def test_wrapper_generator_interface(card, config):
                           "output" if n == "out" else "input") for n, t in args.items()]
     kspec = KernelSpec("embedding_0", [], [], [], buffers, ["aten.embedding.default"], generator=GENERATOR,
                        params=dict(kind="embedding", source="weight", index="indices", out="out", dim=0))
-    program = generate(kspec, {n: TensorPlace(t.layout, 0) for n, t in args.items()}, config)
+    program = generate(kspec, {n: TensorView.whole(n, t.layout) for n, t in args.items()}, config)
     assert program.metadata["decisions"]["kind"] == "gather"
     g = _gen(5)
     weight, idx = torch.randn(100, 64, generator=g).half(), torch.randint(0, 100, (3, 7), generator=g)

@@ -139,12 +139,13 @@ def test_gather_with_packed_rows_out_of_range_is_explained():
     from torch_spyre.card import Card, load_config
     from torch_spyre.card.execute import ExecutionError
     from torch_spyre.card.layout import StickLayout
-    from torch_spyre.compiler.codegen_gather import GatherSpec, TensorArg, build_gather, explain_gather_error
+    from torch_spyre.compiler.access import TensorView
+    from torch_spyre.compiler.codegen.gather import GatherSpec, build_gather, explain_gather_error
 
     config = load_config(environ={})
     n = 150
-    packed = lambda name, dt: TensorArg(name, StickLayout((n,), 0, dt), (n, 1), (1, 1))  # noqa: E731
-    spec = GatherSpec("gather", TensorArg.contiguous("x", (n, 77), torch.float32), packed("i", "int64"),
+    packed = lambda name, dt: TensorView(name, StickLayout((n,), 0, dt), (n, 1), (1, 1))  # noqa: E731
+    spec = GatherSpec("gather", TensorView.contiguous("x", (n, 77), torch.float32), packed("i", "int64"),
                       packed("o", "float32"), 1)
     program, dec = build_gather(spec, config)
     x, i = rnd(n, 77), ints(77, n, 1)

@@ -27,7 +27,7 @@ import numpy as np
 import sympy
 
 from ..errors import SpyreError
-from ..card.layout import StickLayout
+from ..card.layout import DEVICE_DTYPES, StickLayout
 from ..program import STICK_BYTES, DmaPattern, Operand, row_major_strides
 
 
@@ -134,6 +134,22 @@ def free_symbols(text: str) -> set[str]:
 # ---------------------------------------------------------------------------------------------
 # Host indices -> device elements -> sticks
 # ---------------------------------------------------------------------------------------------
+# Host dtypes -> the card's device dtype for them (fp16 and bf16 live as DLFloat16).
+_DEVICE_DTYPE = {
+    "float16": "dlfloat16", "bfloat16": "dlfloat16", "float32": "float32", "dlfloat16": "dlfloat16",
+    "int64": "int64", "int32": "int32", "bool": "bool",
+}
+
+
+def device_dtype_of(dtype: Any) -> str:
+    """The card's dtype for a host dtype (torch dtype or name); CodegenError if the card has none."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in _DEVICE_DTYPE:
+        raise CodegenError(f"unsupported dtype {dtype}; supported: float16, bfloat16, float32 (data), int64, "
+                           "int32 (indices), bool (masks)")
+    return _DEVICE_DTYPE[name]
+
+
 @dataclass(frozen=True)
 class TensorView:
     """The one view type of the generators: kernel operand ``name`` is the strided view ``shape`` /
@@ -164,9 +180,18 @@ class TensorView:
         return TensorView(name, layout, layout.host_shape, None, storage_offset)
 
     @staticmethod
-    def contiguous(name: str, shape: Sequence[int], device_dtype: str, stick_dim: int = -1) -> "TensorView":
-        """A whole fresh buffer in IBM's default layout (last dim sticked unless told otherwise)."""
-        return TensorView(name, StickLayout(tuple(shape), stick_dim, device_dtype), tuple(shape))
+    def contiguous(name: str, shape: Sequence[int], dtype: Any, stick_dim: int = -1) -> "TensorView":
+        """A whole fresh buffer in IBM's default layout (last dim sticked unless told otherwise); ``dtype``
+        is a device dtype name or a host dtype (torch dtype or name, see :func:`device_dtype_of`)."""
+        dev = dtype if isinstance(dtype, str) and dtype in DEVICE_DTYPES else device_dtype_of(dtype)
+        return TensorView(name, StickLayout(tuple(shape), stick_dim, dev), tuple(shape))
+
+    @staticmethod
+    def of_kernel_buffer(kspec: Any, name: str, places: dict[str, Any]) -> "TensorView":
+        """Kernel buffer ``name`` as the kernel sees it: sizes and strides from the KernelSpec, layout and
+        storage offset from where the tensor was placed at launch (``places[name]``)."""
+        b, place = kspec.buffer(name), places[name]
+        return TensorView(name, place.layout, tuple(b.size), tuple(b.stride), int(place.storage_offset))
 
     def transposed(self, d0: int = -2, d1: int = -1) -> "TensorView":
         shape, strides = list(self.shape), list(self.strides)
@@ -207,11 +232,39 @@ class TensorView:
         """See :func:`walks_dims`: whether each view dim moves along its own dim of the allocation."""
         return walks_dims(list(zip(self.layout.host_shape, self.layout.host_strides)), self.shape, self.strides)
 
+    def check_last_dim_sticked(self, role: str) -> None:
+        """Rows of the view's last dim must run along the layout's stick dim, lane by lane."""
+        lay = self.layout
+        if not self.shape:
+            raise CodegenError(f"{role} %{self.name} is 0-d; expected at least one dimension")
+        if self.shape[-1] > 1 and self.strides[-1] != lay.host_strides[lay.stick_dim]:
+            raise CodegenError(
+                f"{role} %{self.name}: its last dim (stride {self.strides[-1]}) does not run along the stick dim "
+                f"{lay.stick_dim} of its layout ({lay.describe()}); insert a relayout so that the last dim is "
+                "sticked (compiler/relayout.py)")
+        hi = self.storage_offset + sum((s - 1) * st for s, st in zip(self.shape, self.strides) if s > 0)
+        lo = self.storage_offset + sum((s - 1) * st for s, st in zip(self.shape, self.strides) if s > 0 and st < 0)
+        if min(self.shape, default=1) > 0 and (lo < 0 or hi >= lay.numel):
+            raise CodegenError(f"{role} %{self.name}: the view reaches host elements [{lo}, {hi}] outside its "
+                               f"buffer of {lay.numel} elements")
 
-def TensorPlace(layout: StickLayout, storage_offset: int) -> TensorView:  # noqa: N802 (migration shim)
-    """Transitional: the whole allocation at ``storage_offset``. Nothing in torch_spyre uses it any more
-    (the generators take ``TensorView.whole``); only tests still do, until the integrator removes it."""
-    return TensorView.whole("", layout, storage_offset)
+    def row_sticks(self, lead: np.ndarray, col0: int, ncols: int) -> tuple[np.ndarray, int]:
+        """Device stick numbers covering columns [col0, col0+ncols) of each row ``lead`` ([n, ndim-1]
+        coordinates), as [n, k], and the lane of column col0 in its stick (the same for every row)."""
+        lay, lanes = self.layout, self.layout.lanes
+        lead = np.asarray(lead, dtype=np.int64)
+        lead = lead.reshape(len(lead), len(self.shape) - 1)
+        first = self.host_index(np.concatenate([lead, np.full((len(lead), 1), col0)], axis=1))
+        dev0 = lay.device_offsets(first)
+        lane0 = dev0 % lanes
+        if np.any(lane0 != lane0[0]):
+            raise CodegenError(f"%{self.name}: rows start at different lanes of their sticks; a relayout is needed")
+        lane0 = int(lane0[0]) if len(lane0) else 0
+        k = -(-(lane0 + ncols) // lanes)
+        # Column of each covered stick's first used lane; its device stick number.
+        cols = np.maximum(0, np.arange(k) * lanes - lane0) + col0
+        host = first[:, None] + (cols - col0)[None, :] * self.strides[-1]
+        return lay.device_offsets(host.reshape(-1)).reshape(len(lead), k) // lanes, lane0
 
 
 def walks_dims(host: Sequence[tuple[Any, Any]], shape: Sequence[Any], strides: Sequence[Any],
@@ -275,18 +328,30 @@ def stick_set(place: TensorView, device_elems: np.ndarray, valid: np.ndarray | N
     return StickSet(uniq, rank * lanes + device_elems % lanes)
 
 
-def stick_patterns(sticks: np.ndarray) -> list[tuple[int, int, DmaPattern]]:
-    """DMA patterns loading sorted ``sticks`` one after the other: (first stick, first rank, pattern).
+def stick_patterns(dev: np.ndarray, sp_stick0: int = 0) -> list[tuple[int, int, DmaPattern]]:
+    """DMA patterns moving the device sticks ``dev`` to (or from) consecutive scratchpad sticks from
+    ``sp_stick0`` on, in ``dev``'s row-major order: [(first device stick, first scratchpad stick, pattern)].
+    The one stick-run compression of the generators:
 
-    Runs of consecutive sticks become contiguous bursts; equal runs at a constant stride become one
-    two-level pattern. Scratchpad positions follow the rank of each stick in ``sticks``.
+    - a 1-d ``dev`` (the sorted sticks of an access, or one run of a packed tensor) is cut into runs of
+      consecutive sticks (contiguous bursts); equal runs at a constant stride become one two-level
+      pattern [runs, run length];
+    - a tile (any rank > 1) that is affine in its indices is one pattern whose loops are ordered by
+      decreasing device stride (the DMA engine reorders, so the innermost loop is the longest contiguous
+      burst); otherwise each outer slice is covered in turn (slices that are not affine: as above).
     """
-    if sticks.size == 0:
+    dev = np.asarray(dev, dtype=np.int64)
+    if dev.size == 0:
         return []
+    return _runs(dev, sp_stick0) if dev.ndim == 1 else _tile_patterns(dev, sp_stick0)
+
+
+def _run_groups(sticks: np.ndarray) -> list[tuple[int, int, int]]:
+    """Runs of consecutive sticks, equal runs at a constant stride grouped: [(position, runs, run length)]."""
     breaks = np.flatnonzero(np.diff(sticks) != 1) + 1
     starts = np.r_[0, breaks]
     lengths = np.diff(np.r_[starts, sticks.size])
-    out: list[tuple[int, int, DmaPattern]] = []
+    out = []
     i = 0
     while i < starts.size:
         j = i + 1
@@ -295,16 +360,46 @@ def stick_patterns(sticks: np.ndarray) -> list[tuple[int, int, DmaPattern]]:
             while (j < starts.size and lengths[j] == lengths[i]
                    and sticks[starts[j]] - sticks[starts[j - 1]] == stride):
                 j += 1
-        n, run = j - i, int(lengths[i])
-        first = int(sticks[starts[i]])
+        out.append((int(starts[i]), j - i, int(lengths[i])))
+        i = j
+    return out
+
+
+def _runs(sticks: np.ndarray, sp_stick0: int) -> list[tuple[int, int, DmaPattern]]:
+    """A 1-d list: one pattern per group of runs ([runs, run length], or [run length] alone)."""
+    out = []
+    for pos, n, run in _run_groups(sticks):
         if n == 1:
             pat = DmaPattern((run,), (STICK_BYTES,), (STICK_BYTES,))
         else:
-            stride = int(sticks[starts[i + 1]] - sticks[starts[i]])
+            stride = int(sticks[pos + run] - sticks[pos])
             pat = DmaPattern((n, run), (stride * STICK_BYTES, STICK_BYTES), (run * STICK_BYTES, STICK_BYTES))
-        out.append((first, int(starts[i]), pat))
-        i = j
+        out.append((int(sticks[pos]), sp_stick0 + pos, pat))
     return out
+
+
+def _tile_patterns(dev: np.ndarray, sp_stick0: int) -> list[tuple[int, int, DmaPattern]]:
+    sp_strides = [math.prod(dev.shape[d + 1:]) for d in range(dev.ndim)]
+    strides = _stick_strides(dev)
+    if strides is not None:
+        loops = [d for d in range(dev.ndim) if dev.shape[d] > 1] or [dev.ndim - 1]
+        loops.sort(key=lambda d: (-abs(strides[d]), -sp_strides[d]))
+        pat = DmaPattern(tuple(dev.shape[d] for d in loops), tuple(strides[d] * STICK_BYTES for d in loops),
+                         tuple(sp_strides[d] * STICK_BYTES for d in loops))
+        return [(int(dev.flat[0]), sp_stick0, pat)]
+    if dev.ndim == 1:  # each group of runs is an affine [runs, run length] tile
+        return [pat for pos, n, run in _run_groups(dev)
+                for pat in _tile_patterns(dev[pos:pos + n * run].reshape(n, run), sp_stick0 + pos)]
+    out = []
+    for i in range(dev.shape[0]):
+        out += _tile_patterns(dev[i], sp_stick0 + i * sp_strides[0])
+    return out
+
+
+def _stick_strides(dev: np.ndarray) -> tuple[int, ...] | None:
+    """Strides (in sticks) if ``dev[i0, i1, ...] = dev[0...] + sum(i_k * s_k)``, else None (0 for size-1 dims)."""
+    found = affine_strides(dev)
+    return None if found is None else found[1]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -539,7 +539,7 @@ def _walks_buffer_dims(view) -> bool:
 
 def _lower_flash_attention(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
     """``spyre::flash_attention`` (traced SDPA on spyre, see ``device/sdpa.py``) -> one kernel of the
-    "attention" generator (``codegen_attention.py``) reading q/k/v/mask as they lie (views included),
+    "attention" generator (``codegen/attention/``) reading q/k/v/mask as they lie (views included),
     writing a fresh contiguous [B, Hq, Lq, Dv]."""
     from torch._inductor import ir
 

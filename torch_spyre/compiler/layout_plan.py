@@ -43,7 +43,7 @@ from ..program import row_major_strides
 from .decisions import BufferDecision, KernelDecisions
 
 # Roles of the other whole-op generators that read rows along the stick dim (their last view dim):
-# codegen_attention (q/k/v/mask rows, head dim in sticks), codegen_gather (rows of whole sticks).
+# codegen.attention (q/k/v/mask rows, head dim in sticks), codegen.gather (rows of whole sticks).
 _ROW_READERS = {"attention": ("query", "key", "value", "attn_mask"), "gather": ("source",)}
 # Producers that write any layout (the pointwise generator); the others write a fixed layout.
 FLEXIBLE_PRODUCERS = ("pointwise",)

@@ -88,7 +88,7 @@ def register_generator(name: str, fn: Callable[..., Any]) -> None:
 def register_builtin_generators() -> None:
     """The whole-op generators this build has: every generator module that defines ``GENERATOR``
     (its name) and ``generate(kspec, places, config)``."""
-    for module in ("codegen.matmul", "codegen_attention", "codegen_gather"):
+    for module in ("codegen.matmul", "codegen.attention", "codegen.gather"):
         try:
             mod = __import__(f"torch_spyre.compiler.{module}", fromlist=["generate"])
         except ImportError:

@@ -179,8 +179,7 @@ def generate(kspec: Any, places: dict[str, Any], config: CardConfig) -> Program:
     :func:`build_matmul`. Views keep Inductor's sizes/strides and the bound storage offsets."""
 
     def view(role: str) -> TensorView:
-        b = kspec.buffer(role)
-        return TensorView(role, places[role].layout, tuple(b.size), tuple(b.stride), int(places[role].storage_offset))
+        return TensorView.of_kernel_buffer(kspec, role, places)
 
     p = kspec.params
     bias = view("bias") if p["kind"] in ("addmm", "baddbmm") else None
