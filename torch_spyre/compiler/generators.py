@@ -1,0 +1,86 @@
+"""The program generators, by ``KernelSpec.generator``: the one table that says which module builds which kernels.
+
+``""`` (pointwise and reduction kernels) is ``codegen_pointwise.generate``. Whole-op generators (matmul,
+attention, gather) are modules defining ``GENERATOR`` (the name) and ``generate(kspec, places, config)``;
+:func:`register_builtin_generators` imports each one named in :data:`BUILTIN_GENERATORS` and raises if one
+fails to import (a build without a generator must say so, not skip it). Other generators can be added
+with :func:`register_generator`: ``fn(spec, places, config) -> Program``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from .kernel_ir import KernelSpec
+
+# The modules of the built-in generators (pointwise: kernels with generator ""; the others by GENERATOR).
+POINTWISE_GENERATOR = "torch_spyre.compiler.codegen_pointwise"
+BUILTIN_GENERATORS = (
+    "torch_spyre.compiler.codegen_matmul",
+    "torch_spyre.compiler.codegen_attention",
+    "torch_spyre.compiler.codegen_gather",
+)
+MATMUL_SPECS = "torch_spyre.compiler.codegen_matmul"  # TensorView, MatmulSpec, build_matmul
+
+GENERATORS: dict[str, Callable[..., Any]] = {}
+
+
+class GeneratorImportError(ImportError):
+    """A built-in program generator that could not be imported (the build is broken: the message says which)."""
+
+
+def register_generator(name: str, fn: Callable[..., Any]) -> None:
+    GENERATORS[name] = fn
+
+
+def _import(module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise GeneratorImportError(f"the program generator module {module} failed to import ({e}); the Spyre "
+                                   "compiler cannot build its kernels without it") from e
+
+
+def matmul_generator(spec: KernelSpec, places: dict[str, Any], config: Any):
+    """Adapter from a "matmul" KernelSpec (params: kind, alpha, beta; operands a, b, out, bias) to
+    the matmul generator's ``build_matmul``. Views keep Inductor's sizes/strides and the bound storage offsets."""
+    mm = _import(MATMUL_SPECS)
+
+    def view(role: str):
+        b = spec.buffer(role)
+        return mm.TensorView(role, places[role].layout, tuple(b.size), tuple(b.stride),
+                             int(places[role].storage_offset))
+
+    p = spec.params
+    bias = view("bias") if p["kind"] in ("addmm", "baddbmm") else None
+    mspec = mm.MatmulSpec(view("a"), view("b"), view("out"), bias, float(p.get("alpha", 1.0)),
+                          float(p.get("beta", 1.0)), p["kind"], spec.name, tuple(spec.source_ops))
+    program, decisions = mm.build_matmul(mspec, config)
+    decisions.source_lines = list(spec.source_lines)
+    program.metadata["decisions"] = decisions.to_dict()
+    return program
+
+
+def register_builtin_generators() -> None:
+    """Register every module of :data:`BUILTIN_GENERATORS` under its ``GENERATOR`` name (its ``generate``);
+    for matmul, :func:`matmul_generator` unless the module provides its own. Raises
+    :class:`GeneratorImportError` if one fails to import, ``TypeError`` if one lacks ``GENERATOR``/``generate``."""
+    for module in BUILTIN_GENERATORS:
+        mod = _import(module)
+        name = getattr(mod, "GENERATOR", None)
+        if name and hasattr(mod, "generate"):
+            GENERATORS.setdefault(name, mod.generate)
+        elif module != MATMUL_SPECS:
+            raise TypeError(f"the program generator module {module} defines no GENERATOR name and generate() function")
+    GENERATORS.setdefault("matmul", matmul_generator)
+
+
+def generator_for(spec: KernelSpec) -> Callable[..., Any]:
+    """The function that builds ``spec``'s program: ``fn(spec, places, config) -> Program``."""
+    if not spec.generator:
+        return _import(POINTWISE_GENERATOR).generate
+    if spec.generator not in GENERATORS:
+        raise RuntimeError(f"kernel {spec.name} needs the {spec.generator!r} program generator, which is not "
+                           f"registered (known: {', '.join(GENERATORS) or 'none'})")
+    return GENERATORS[spec.generator]
