@@ -1,4 +1,4 @@
-"""The wrapper: Inductor's generated Python for a spyre graph, and the runtime objects it calls.
+"""The wrapper codegen: the Python module Inductor generates for a spyre graph.
 
 The generated module reads like this::
 
