@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
-from .kernel_ir import KernelSpec
+from .kernel_spec import KernelSpec
 
 # The modules of the built-in generators (pointwise: kernels with generator ""; the others by GENERATOR).
 POINTWISE_GENERATOR = "torch_spyre.compiler.codegen_pointwise"

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..device.program_runner import Ran, set_program_runner
+from ..device.program_runner import ProgramRunner, Ran, set_program_runner
 
 # Inductor's lazy PrivateUse1 lookup (``init_backend_registration``) reads these on the device module.
 INDUCTOR_NAMES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen")
 
 
-class EagerProgramRunner:
+class EagerProgramRunner(ProgramRunner):
     """The compiler's program runner: one op as a single-op program (``eager.run``), or a decline that
     says why once per op (``eager.warn_host``)."""
 

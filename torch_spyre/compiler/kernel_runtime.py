@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from .generators import generator_for
-from .kernel_ir import KernelSpec
+from .kernel_spec import KernelSpec
 
 _fallbacks: Counter[str] = Counter()
 _fallback_lock = threading.Lock()

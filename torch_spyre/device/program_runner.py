@@ -10,29 +10,36 @@ any ``torch.compile`` (``TORCH_SPYRE_EAGER=compile``, the default; ``host`` make
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from .op_call import OpInfo
+if TYPE_CHECKING:
+    from .op_call import OpInfo
 
 
-@dataclass(frozen=True)
 class Ran:
     """An op the runner computed: its ``result`` (device tensors, aliases of the arguments where the
     schema says so). ``as_program``: it ran as a program (counted in ``fallback_stats().compiled``);
-    False when its program computed on the host after all (those nested ops were counted as host ops)."""
+    False when its program computed on the host after all (those nested ops were counted as host ops).
+    (A plain class: this module is imported at ``import torch``, and stays cheap.)"""
 
-    result: Any
-    as_program: bool = True
+    __slots__ = ("result", "as_program")
+
+    def __init__(self, result: Any, as_program: bool = True):
+        self.result = result
+        self.as_program = as_program
 
 
-class ProgramRunner(Protocol):
-    def run(self, op: Any, info: OpInfo, args: tuple, kwargs: dict, card: int) -> Ran | None:
+class ProgramRunner:
+    """What the device asks of a program runner (subclass it, or provide the same two methods)."""
+
+    def run(self, op: Any, info: "OpInfo", args: tuple, kwargs: dict, card: int) -> Ran | None:
         """Run the op on card ``card``, or decline (None: nothing was computed or written)."""
+        return None
 
     def probing(self) -> bool:
         """True while host runs of ops are the runner's own probes (e.g. shape inference while it
         compiles): the fallback neither counts nor times them."""
+        return False
 
 
 _runner: ProgramRunner | None = None
