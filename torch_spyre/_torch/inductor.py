@@ -89,8 +89,14 @@ PRIVATE_SYMBOLS = [
 ]
 
 
+_modules: dict[str, Any] = {}
+
+
 def _module(name: str) -> Any:
-    return importlib.import_module(name)
+    module = _modules.get(name)
+    if module is None:
+        module = _modules[name] = importlib.import_module(name)
+    return module
 
 
 def _ir() -> Any:
