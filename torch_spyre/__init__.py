@@ -2,7 +2,10 @@
 
 ``import torch_spyre`` (or a bare ``import torch`` once the package is installed, through the
 ``torch.backends`` entry point ``torch_spyre:_autoload``) registers the ``spyre`` device and
-``torch.spyre``. Public helpers are loaded on first use.
+``torch.spyre``, and plugs the compiler into the device. Public helpers are loaded on first use.
+
+This module is above every layer (docs/architecture.md, "The layer rule"): no module of the package
+imports it.
 """
 
 from __future__ import annotations
@@ -29,14 +32,20 @@ __all__ = ["register", "SpyreError", *_LAZY]
 
 
 def register() -> None:
-    """Register the ``spyre`` device with PyTorch (idempotent)."""
+    """Register the ``spyre`` device with PyTorch and plug the compiler into it (idempotent, cheap).
+
+    The compiler's hooks (``compiler/hooks.py``) make eager ops run as single-op programs and answer
+    Inductor's lookup of ``torch.spyre.Scheduling``; neither imports Inductor before it is needed.
+    """
     # torch first: if torch is not imported yet, its own import runs the autoload entry point, which
     # calls this function again (re-entrantly) and registers the device before we get here.
     import torch  # noqa: F401
 
+    from .compiler import hooks
     from .device.registration import register as _register
 
     _register()
+    hooks.install()
 
 
 def _autoload() -> None:

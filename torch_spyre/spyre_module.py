@@ -7,7 +7,7 @@ configuration) are imported on first use, so registering the device inside ``imp
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -227,16 +227,20 @@ def _get_device_index(device: Any, optional: bool = False) -> int:
 _utils = SimpleNamespace(_get_device_index=_get_device_index)
 
 
-# Inductor looks up torch.spyre.Scheduling / PythonWrapperCodegen / CppWrapperCodegen on the first
-# compile for a PrivateUse1 device; answering here registers the compiler lazily, so importing
-# torch_spyre never pays for Inductor.
-_INDUCTOR_NAMES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen")
+# Names a higher layer answers (the compiler: Inductor looks up torch.spyre.Scheduling / PythonWrapperCodegen /
+# CppWrapperCodegen on the first compile for a PrivateUse1 device, compiler/hooks.py): name -> getter(name),
+# called on each lookup. The device module itself never imports the compiler.
+_provided: dict[str, Callable[[str], Any]] = {}
+
+
+def provide(names: Iterable[str], getter: Callable[[str], Any]) -> None:
+    """Answer ``torch.spyre.<name>`` for each of ``names`` with ``getter(name)`` (looked up each time)."""
+    for name in names:
+        _provided[name] = getter
 
 
 def __getattr__(name: str) -> Any:
-    if name in _INDUCTOR_NAMES:
-        from .compiler import backend
-
-        return backend.inductor_attr(name)
+    getter = _provided.get(name)
+    if getter is not None:
+        return getter(name)
     raise AttributeError(f"module 'torch.spyre' has no attribute {name!r}")
-

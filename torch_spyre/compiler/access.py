@@ -43,7 +43,7 @@ class AccessError(CodegenError):
 # Evaluating Inductor index expressions with numpy
 # ---------------------------------------------------------------------------------------------
 def _sympy_locals() -> dict[str, Any]:
-    from torch.utils._sympy import functions as F
+    from .._torch.inductor import index_functions as F
 
     names = ["FloorDiv", "ModularIndexing", "CleanDiv", "CeilDiv", "PythonMod", "Mod", "Identity", "Where",
              "IntTrueDiv", "FloatTrueDiv", "TruncToInt", "RoundToInt", "Min", "Max", "FloorToInt", "CeilToInt"]

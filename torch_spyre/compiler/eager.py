@@ -1,6 +1,7 @@
 """Eager mode through the compiler: each ATen op on spyre tensors runs as a cached single-op program.
 
-The device's catch-all fallback (``device/fallback.py``) hands every op that has no spyre kernel to
+The device's catch-all fallback (``device/fallback.py``) offers every op that has no spyre kernel to its
+program runner, which the compiler installs when torch_spyre registers (``hooks.py``) and which calls
 :func:`run`. For an op that can become a program, the first call with a given *signature* (the op
 overload; each tensor argument's shape, strides, storage offset, dtype and stick layout; which
 arguments share a storage; the non-tensor arguments; the card and its configuration) traces the one op
@@ -20,8 +21,8 @@ returning non-tensors (``_local_scalar_dense``, ``equal``), inputs of no element
 that overlaps another argument other than as the same view. It also stays there when the compiler
 cannot lower it (the error is kept as the reason) or its compiled graph still computes something on
 the host. The fallback then computes it on the host, warns once per op and counts it.
-``TORCH_SPYRE_EAGER=host`` (the default for now, see docs/compiler.md "Eager mode") sends every op to
-the host without warnings.
+``TORCH_SPYRE_EAGER=compile`` is the default; ``TORCH_SPYRE_EAGER=host`` (docs/compiler.md "Eager
+mode") sends every op to the host without warnings.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+
+from .._torch import inductor as torch_inductor
+from .._torch.device import OpOverload
+from ..device.op_call import bound_args, flat_tensors, map_tensors, resize_warning, rewrap_numbers
 
 MODES = ("compile", "host")
 DEFAULT_MODE = "compile"  # docs/compiler.md "Eager mode"; TORCH_SPYRE_EAGER=host computes every op on the host
@@ -135,39 +140,25 @@ _HOST_OPS = {
 }
 
 
-def _returns_only_tensors(op: torch._ops.OpOverload) -> bool:
-    return all(str(r.type) in ("Tensor", "Tensor[]") for r in op._schema.returns) and bool(op._schema.returns)
-
-
-def _is_random(op: torch._ops.OpOverload, info: Any) -> bool:
+def _is_random(op: OpOverload, info: Any) -> bool:
     return info.generator is not None or torch.Tag.nondeterministic_seeded in op.tags
 
 
-def static_host_reason(op: torch._ops.OpOverload, info: Any) -> str:
+def static_host_reason(op: OpOverload, info: Any) -> str:
     """Why an op runs on the host whatever its arguments ("" if it may become a program)."""
     if info.name in _HOST_OPS:
         return _HOST_OPS[info.name]
     if _is_random(op, info):
         return "random op: draws from the card's host-side generator"
-    if not _returns_only_tensors(op):
+    if not info.returns_only_tensors:
         return "returns a non-tensor value"
     return ""
-
-
-def _flat_tensors(values) -> list[torch.Tensor]:
-    out = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, (list, tuple)):
-            out.extend(_flat_tensors(v))
-    return out
 
 
 def call_host_reason(info: Any, bound: list[Any]) -> str:
     """Why this call runs on the host ("" if it may become a program). ``out=`` arguments may still be
     empty here (the op resizes them)."""
-    inputs = _flat_tensors([v for v, out in zip(bound, info.is_out) if not out])
+    inputs = flat_tensors([v for v, out in zip(bound, info.is_out) if not out])
     if not any(t.device.type == "spyre" for t in inputs):
         return "no spyre tensor input (a factory: its values do not depend on device data)"
     if any(t.numel() == 0 for t in inputs):
@@ -190,7 +181,7 @@ def _written_overlaps(info: Any, bound: list[Any]) -> bool:
     (``x.add_(y)`` reaches ``add.out(x, y, out=x)``: that is fine; ``out=x[1:]`` with input ``x`` is not)."""
     written, read = [], []
     for value, w in zip(bound, info.is_write):
-        (written if w else read).extend(_flat_tensors([value]))
+        (written if w else read).extend(flat_tensors([value]))
     keys = [_storage_key(t) for t in written]
     if len(set(keys)) != len(keys):
         return True
@@ -226,7 +217,7 @@ def _value_signature(v: Any, storages: dict[int, int]) -> Any:
     return (type(v).__name__, v if isinstance(v, (bool, int, str, type(None))) else repr(v))
 
 
-def signature(op: torch._ops.OpOverload, args: tuple, kwargs: dict, card: int) -> tuple:
+def signature(op: OpOverload, args: tuple, kwargs: dict, card: int) -> tuple:
     from ..device import cards
 
     storages: dict[int, int] = {}
@@ -272,7 +263,7 @@ def _fill(value: Any, tensors: tuple) -> Any:
     return value
 
 
-def one_op_function(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: dict):
+def one_op_function(op: OpOverload, info: Any, args: tuple, kwargs: dict):
     """``fn(*tensors) -> tuple`` calling the op once, and the tensors it takes. ``fn`` returns only the
     results that do not alias an argument (the caller returns those arguments themselves)."""
     tensors: list[torch.Tensor] = []
@@ -288,25 +279,19 @@ def one_op_function(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: d
     return fn, tensors
 
 
-def out_shapes(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: dict) -> list[tuple[int, ...]]:
+def out_shapes(op: OpOverload, info: Any, args: tuple, kwargs: dict) -> list[tuple[int, ...]]:
     """The shapes the op gives its written arguments (``out=`` may need a resize), from a fake run."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from ..device.fallback import _bound_args
-
-    with FakeTensorMode() as mode:
+    with torch_inductor.fake_tensor_mode() as mode:
         to_fake = lambda x: mode.from_tensor(x)  # noqa: E731
-        fargs = tuple(_map_tensors(to_fake, a) for a in args)
-        fkwargs = {k: _map_tensors(to_fake, v) for k, v in kwargs.items()}
+        fargs = tuple(map_tensors(to_fake, a) for a in args)
+        fkwargs = {k: map_tensors(to_fake, v) for k, v in kwargs.items()}
         op(*fargs, **fkwargs)
-        return [tuple(t.shape) for t in _written(info, _bound_args(info, fargs, fkwargs))]
+        return [tuple(t.shape) for t in _written(info, bound_args(info, fargs, fkwargs))]
 
 
 def resize_outs(op, info: Any, args: tuple, kwargs: dict, bound: list[Any], key: tuple) -> bool:
     """Resize written arguments to the op's result shapes, as the CPU does (its warning when the
     ``out=`` had elements). The target shapes are cached per signature. True if anything was resized."""
-    from ..device.fallback import _resize_warning
-
     with _lock:
         shapes = _out_shape_cache.get(key)
     if shapes is None:
@@ -322,7 +307,7 @@ def resize_outs(op, info: Any, args: tuple, kwargs: dict, bound: list[Any], key:
     for t, shape in zip(_written(info, bound), shapes):
         if tuple(t.shape) != shape:
             if t.numel():
-                _resize_warning(t, torch.empty(shape, device="meta"))
+                resize_warning(t, torch.empty(shape, device="meta"))
             t.resize_(shape)
             resized = True
     return resized
@@ -332,20 +317,11 @@ _out_shape_cache: dict[tuple, list[tuple[int, ...]]] = {}
 
 
 def _written(info: Any, bound: list[Any]) -> list[torch.Tensor]:
-    return _flat_tensors([v for v, w in zip(bound, info.is_write) if w])
-
-
-def _map_tensors(fn, value):
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_map_tensors(fn, v) for v in value)
-    return value
+    return flat_tensors([v for v, w in zip(bound, info.is_write) if w])
 
 
 def compile_one_op(fn: Callable[..., tuple], tensors: list[torch.Tensor]) -> Callable[..., Any]:
     """Trace ``fn`` on fake copies of ``tensors`` and compile the graph with Inductor for spyre."""
-    from torch._inductor.compile_fx import compile_fx
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from . import backend
@@ -356,7 +332,7 @@ def compile_one_op(fn: Callable[..., tuple], tensors: list[torch.Tensor]) -> Cal
         gm = make_fx(fn, tracing_mode="fake")(*tensors)
         # Fake example inputs: nothing is computed on real tensors while compiling.
         fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
-        return compile_fx(gm, fakes)
+        return torch_inductor.compile_graph(gm, fakes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,17 +369,17 @@ def _call(compiled: Callable[..., Any], tensors: list[torch.Tensor]) -> list[tor
 
 def _compile_entry(op, info, args, kwargs, bound) -> tuple[Entry, list[torch.Tensor] | None]:
     """Compile the signature's program and run it once; an Entry saying why not on any failure."""
-    from . import wrapper
+    from .kernel_runtime import host_fallback_stats
 
     fn, tensors = one_op_function(op, info, args, kwargs)
-    host_before = sum(wrapper.host_fallback_stats().values())
+    host_before = sum(host_fallback_stats().values())
     try:
         with torch.no_grad(), _Compiling(), _compile_lock:
             compiled = compile_one_op(fn, tensors)
         outs = _call(compiled, tensors)
     except Exception as e:  # noqa: BLE001 - any compiler refusal means: no device lowering
         return Entry(None, f"{type(e).__name__}: {_first_line(e)}"), None
-    nested = sum(wrapper.host_fallback_stats().values()) - host_before + getattr(_local, "nested_host", 0)
+    nested = sum(host_fallback_stats().values()) - host_before + getattr(_local, "nested_host", 0)
     if nested:
         names = ", ".join(sorted(set(getattr(_local, "nested_names", ())))) or "an extern kernel"
         return Entry(None, f"no Spyre lowering (its compiled graph runs {names} on the host)"), outs
@@ -415,7 +391,7 @@ def _first_line(e: Exception) -> str:
     return text[0][:300] if text else ""
 
 
-def run(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: dict, card: int) -> tuple[Any, str]:
+def run(op: OpOverload, info: Any, args: tuple, kwargs: dict, card: int) -> tuple[Any, str]:
     """Run one op as a program: ``(result, "")``; raise :class:`HostOp` when it must run on the host
     (nothing was computed or written).
 
@@ -423,14 +399,12 @@ def run(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: dict, card: i
     result (through nested host fallbacks, counted as such): it returns ``(result, reason)``, and later
     calls of that signature raise HostOp without compiling again.
     """
-    from ..device.fallback import _bound_args, _rewrap_numbers
-
     reason = static_host_reason(op, info)
     # Python numbers in Tensor arguments (C++'s wrapped numbers, unwrapped by the boxed call): 0-d CPU
     # tensors, which the graph takes as constants.
-    args, kwargs = _rewrap_numbers(info, args, kwargs)
+    args, kwargs = rewrap_numbers(info, args, kwargs)
     args, kwargs = _matmul_operands_in_walkable_views(info, args, kwargs)
-    bound = _bound_args(info, args, kwargs)
+    bound = bound_args(info, args, kwargs)
     reason = reason or call_host_reason(info, bound)
     if reason:
         raise HostOp(reason)
@@ -460,19 +434,11 @@ def run(op: torch._ops.OpOverload, info: Any, args: tuple, kwargs: dict, card: i
 _MATMUL_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm"})
 
 
-def walks_allocation_dims(t: torch.Tensor) -> bool:
-    """``access.walks_layout_dims`` for a spyre tensor and its allocation (a Linear on a 3-d input hands
-    addmm a [B*S, K] view of a [B, S, K] allocation, which does not)."""
-    from ..device.storage import allocation_of
-    from .access import walks_layout_dims
-
-    alloc = allocation_of(t)
-    return alloc is None or walks_layout_dims(alloc.meta["layout"], t.shape, t.stride())
-
-
 def _matmul_operands_in_walkable_views(info: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Matmul operands whose view merges dims of their allocation are copied first (a copy program),
-    as the compiled path's lowering does (``backend._matmul_operand``); the copy is its own eager op."""
+    as the compiled path's lowering does (``lowerings._matmul_operand``); the copy is its own eager op."""
+    from .kernel_runtime import walks_allocation_dims
+
     if info.name.split(".")[0] not in _MATMUL_OPS:
         return args, kwargs
     written = {i for i, w in enumerate(info.is_write) if w}
@@ -491,7 +457,7 @@ def _matmul_operands_in_walkable_views(info: Any, args: tuple, kwargs: dict) -> 
 
 def _spyre_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     """The program's inputs, in the order :func:`one_op_function` takes them."""
-    return [t for t in _flat_tensors((args, tuple(kwargs.values()))) if t.device.type == "spyre"]
+    return [t for t in flat_tensors((args, tuple(kwargs.values()))) if t.device.type == "spyre"]
 
 
 def _call_cached(entry: Entry, key: tuple, tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -114,19 +114,19 @@ CASES: dict[str, tuple[Callable, tuple]] = {
 
 def run_case(name: str) -> dict[str, dict[str, str]]:
     """One case on fresh caches: ``{"program": {op: ""}, "host": {op: reason}}``."""
-    import torch_spyre
     from torch_spyre.compiler import eager
+    from torch_spyre.device import fallback
 
     fn, inputs = CASES[name]
     previous = os.environ.get("TORCH_SPYRE_EAGER")
     os.environ["TORCH_SPYRE_EAGER"] = "compile"
     try:
         eager.reset_warnings()
-        torch_spyre.reset_fallback_stats()
+        fallback.reset_fallback_stats()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             fn(*[x.to("spyre") for x in inputs])
-        stats = torch_spyre.fallback_stats()
+        stats = fallback.fallback_stats()
         reasons = eager.host_reasons()
     finally:
         if previous is None:
@@ -184,15 +184,15 @@ def parse(text: str) -> dict[str, dict[str, list[str]]]:
 # OpInfo sweep: the first float32 sample of every op in PyTorch's OpInfo database
 # ---------------------------------------------------------------------------------------------
 def _to(x, device):
-    from torch.utils._pytree import tree_map
+    from .._torch.testing import tree_map
 
     return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, x)
 
 
 def _close(dev, ref) -> bool:
-    from torch.utils._pytree import tree_flatten
+    from .._torch.testing import tree_leaves
 
-    d, r = tree_flatten(dev)[0], tree_flatten(ref)[0]
+    d, r = tree_leaves(dev), tree_leaves(ref)
     for a, b in zip(d, r):
         if isinstance(b, torch.Tensor) and b.is_floating_point():
             a = a.cpu() if isinstance(a, torch.Tensor) else a
@@ -207,15 +207,15 @@ UNINITIALIZED = {"empty", "empty_like", "empty_permuted", "empty_strided", "new_
 def opinfo_case(opinfo) -> dict[str, object]:
     """One OpInfo's first float32 sample in compile mode: the ATen ops it reached and whether the
     result matches the CPU at DLFloat16 tolerances (``error`` when spyre raised)."""
-    import torch_spyre
     from torch_spyre.compiler import eager
+    from torch_spyre.device import fallback
 
     torch.manual_seed(0)  # OpInfo samples draw from the global generator
     sample = next(iter(opinfo.sample_inputs("cpu", torch.float32)))
     args = (sample.input, *sample.args)
     ref = opinfo(*args, **sample.kwargs)
     eager.reset_warnings()
-    torch_spyre.reset_fallback_stats()
+    fallback.reset_fallback_stats()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -223,14 +223,15 @@ def opinfo_case(opinfo) -> dict[str, object]:
         close = None if opinfo.name in UNINITIALIZED else _close(out, ref)
     except Exception as e:  # noqa: BLE001 - recorded
         return {"program": {}, "host": {}, "error": type(e).__name__}
-    stats, reasons = torch_spyre.fallback_stats(), eager.host_reasons()
+    stats, reasons = fallback.fallback_stats(), eager.host_reasons()
     return {"program": dict(stats.compiled), "host": {op: reasons.get(op, "") for op in stats.host},
             "close": close}
 
 
 def opinfo_sweep(log=None) -> dict[str, dict[str, object]]:
-    from torch.testing._internal.common_methods_invocations import op_db
+    from .._torch.testing import opinfo_database
 
+    op_db = opinfo_database()
     os.environ["TORCH_SPYRE_EAGER"] = "compile"
     out = {}
     for opinfo in op_db:
@@ -275,9 +276,9 @@ def render_opinfo(results: dict[str, dict[str, object]]) -> str:
 if __name__ == "__main__":
     import sys
 
-    import torch_spyre  # noqa: F401
+    from torch_spyre._torch.inductor import disable_fx_graph_cache  # (importing torch_spyre registered the device)
 
-    torch._inductor.config.fx_graph_cache = False
+    disable_fx_graph_cache()
     cases = render(sweep())
     if "--cases" in sys.argv:
         print(cases, end="")

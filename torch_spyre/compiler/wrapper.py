@@ -1,4 +1,4 @@
-"""The wrapper: Inductor's generated Python for a spyre graph, and the runtime objects it calls.
+"""The wrapper codegen: the Python module Inductor generates for a spyre graph.
 
 The generated module reads like this::
 
@@ -12,313 +12,44 @@ The generated module reads like this::
         spyre_add_mul_0.run(arg0_1=arg0_1, arg1_1=arg1_1, buf0=buf0)
         return (buf0, )
 
-:class:`SpyreKernel` holds the kernel's :class:`~torch_spyre.compiler.kernel_ir.KernelSpec`. At its first
-call with a given placement of its tensors (their stick layouts and storage offsets) it generates the
-program, writes the ``TORCH_SPYRE_DEBUG`` files and prepares it for the card (validation, timing, patch
-table); every call then only patches addresses and launches on the current stream.
+Here: :class:`SpyreWrapperCodegen` (made by :func:`_make_wrapper_class`, registered with Inductor by
+``backend.register``), which writes that module: kernels defined from their specs, spyre buffers allocated
+with their stick layouts (and the graph's layout plan, ``layout_plan.py``), dead buffers reused only with
+the same stick layout, host fallbacks counted, shape symbols checked to be bound.
 
-Dynamic shapes: a symbolic spec (``spec.symbols``, e.g. ``["s27"]``) is called with the symbols'
-values (``spyre_softmax_0.run(arg0_1=arg0_1, buf2=buf2, s27=s27)``); the kernel specializes the spec
-for those values and generates per (values, placement). Prepared programs are kept in a per-kernel LRU
-(``TORCH_SPYRE_SHAPE_CACHE_SIZE``, default 32), so a varying sequence length costs a bounded number of
-card programs; :func:`shape_cache_stats` counts specializations, programs and evictions.
-
-Host fallbacks inside compiled graphs (extern kernels Inductor could not lower) are counted:
-:func:`host_fallback_stats` must stay empty for supported ops.
+The objects the generated module calls live in ``kernel_runtime.py`` (:class:`SpyreKernel`,
+:func:`empty_spyre`, :func:`note_host_fallback`, the shape-cache and host-fallback counters); this module
+re-exports them, and the generated code imports them from here.
 """
 
 from __future__ import annotations
 
-import os
-import threading
-from collections import Counter, OrderedDict
-from typing import Any, Callable
+from typing import Any
 
 import sympy
-import torch
 
+from .._torch import inductor as torch_inductor
+from .generators import GENERATORS, register_builtin_generators, register_generator  # noqa: F401
 from .kernel_ir import KernelSpec
-
-# ---------------------------------------------------------------------------------------------
-# Runtime side (what generated code calls)
-# ---------------------------------------------------------------------------------------------
-_fallbacks: Counter[str] = Counter()
-_fallback_lock = threading.Lock()
-
-
-def note_host_fallback(name: str) -> None:
-    """Called by generated code right before an op runs on the host inside a compiled graph."""
-    with _fallback_lock:
-        _fallbacks[name] += 1
-
-
-def host_fallback_stats() -> dict[str, int]:
-    """Op name -> number of host executions inside compiled spyre graphs."""
-    with _fallback_lock:
-        return dict(_fallbacks)
-
-
-def reset_host_fallback_stats() -> None:
-    with _fallback_lock:
-        _fallbacks.clear()
-
-
-def empty_spyre(size, stride, dtype: torch.dtype, card: int, stick_dim: int | None = None) -> torch.Tensor:
-    """A spyre buffer allocated by a compiled graph. ``stick_dim`` (a dim of the dense host shape,
-    outermost first) picks the sticked dimension; None keeps the device's default (the unit-stride dim)."""
-    from ..card.layout import StickLayout
-    from ..device import dtypes, tensor
-
-    layout = None
-    if stick_dim is not None:
-        base = tensor.layout_for(size, stride, dtype)
-        layout = StickLayout(base.host_shape, stick_dim, dtypes.device_dtype(dtype))
-    return tensor.empty_strided(size, stride, dtype, card, layout=layout)
-
-
-# Program generators by KernelSpec.generator ("" = pointwise/reduction). Other generators (matmul,
-# attention, gather) register themselves here: fn(spec, places, config) -> Program.
-GENERATORS: dict[str, Callable[..., Any]] = {}
-
-
-def register_generator(name: str, fn: Callable[..., Any]) -> None:
-    GENERATORS[name] = fn
-
-
-def register_builtin_generators() -> None:
-    """The whole-op generators this build has: every generator module that defines ``GENERATOR``
-    (its name) and ``generate(kspec, places, config)``."""
-    for module in ("codegen.matmul", "codegen.attention", "codegen.gather"):
-        try:
-            mod = __import__(f"torch_spyre.compiler.{module}", fromlist=["generate"])
-        except ImportError:
-            continue
-        name = getattr(mod, "GENERATOR", None)
-        if name and hasattr(mod, "generate"):
-            GENERATORS.setdefault(name, mod.generate)
-
-
-def _generator(spec: KernelSpec) -> Callable[..., Any]:
-    if not spec.generator:
-        from .codegen.pointwise import generate
-
-        return generate
-    if spec.generator not in GENERATORS:
-        raise RuntimeError(f"kernel {spec.name} needs the {spec.generator!r} program generator, which is not "
-                           f"registered (known: {', '.join(GENERATORS) or 'none'})")
-    return GENERATORS[spec.generator]
-
-
-# Whole-op programs by what they compute: the six identical matmuls of six transformer layers are
-# planned once (operands are role names, so a program fits every kernel with the same key).
-_WHOLE_OP_CACHE: dict[tuple, Any] = {}
-_WHOLE_OP_CACHE_SIZE = 512
-
-
-def _whole_op_program(spec: KernelSpec, places: dict[str, Any], config: Any):
-    import json
-
-    from ..program import Program
-
-    key = (spec.generator, json.dumps(spec.params, sort_keys=True, default=str),
-           tuple((b.name, b.dtype, tuple(b.size), tuple(b.stride), b.offset) for b in spec.buffers),
-           tuple(sorted(places.items(), key=lambda kv: kv[0])), id(config))
-    program = _WHOLE_OP_CACHE.get(key)
-    if program is None:
-        program = _generator(spec)(spec, places, config)
-        if len(_WHOLE_OP_CACHE) >= _WHOLE_OP_CACHE_SIZE:
-            _WHOLE_OP_CACHE.pop(next(iter(_WHOLE_OP_CACHE)))
-        _WHOLE_OP_CACHE[key] = program
-    if program.name == spec.name:
-        return program
-    meta = dict(program.metadata)
-    if isinstance(meta.get("decisions"), dict):
-        meta["decisions"] = {**meta["decisions"], "kernel": spec.name, "source_ops": list(spec.source_ops),
-                             "source_lines": list(spec.source_lines)}
-    return Program(spec.name, program.operands, program.cores, meta)
-
-
-SHAPE_CACHE_ENV = "TORCH_SPYRE_SHAPE_CACHE_SIZE"
-DEFAULT_SHAPE_CACHE_SIZE = 32
-
-# Over all kernels: "specializations" (symbolic specs made static for new shape values), "programs"
-# (programs generated and prepared), "evictions" (prepared programs dropped by a kernel's LRU), "hits".
-_shape_stats: Counter[str] = Counter()
-
-
-def shape_cache_stats() -> dict[str, int]:
-    """Counters of every :class:`SpyreKernel` since the last :func:`reset_shape_cache_stats`."""
-    with _fallback_lock:
-        return {k: _shape_stats[k] for k in ("specializations", "programs", "evictions", "hits")}
-
-
-def reset_shape_cache_stats() -> None:
-    with _fallback_lock:
-        _shape_stats.clear()
-
-
-def _count(event: str) -> None:
-    with _fallback_lock:
-        _shape_stats[event] += 1
-
-
-def shape_cache_size() -> int:
-    """Prepared programs a kernel keeps (per shape values and placement), from ``TORCH_SPYRE_SHAPE_CACHE_SIZE``."""
-    text = os.environ.get(SHAPE_CACHE_ENV, str(DEFAULT_SHAPE_CACHE_SIZE))
-    try:
-        size = int(text)
-    except ValueError:
-        size = 0
-    if size < 1:
-        raise ValueError(f"{SHAPE_CACHE_ENV}={text!r}: expected a whole number >= 1 (prepared programs kept per "
-                         f"kernel; default {DEFAULT_SHAPE_CACHE_SIZE})")
-    return size
-
-
-class SpyreKernel:
-    """One compiled kernel: specializes its spec per shape values, generates and prepares its program per
-    (values, placement) in a bounded LRU, launches it per call."""
-
-    def __init__(self, spec: KernelSpec):
-        self.spec = spec
-        self.cache_size = shape_cache_size()
-        self._prepared: OrderedDict[tuple, Any] = OrderedDict()
-        self._specialized: OrderedDict[tuple, KernelSpec] = OrderedDict()
-        self.stats: Counter[str] = Counter()
-        self._lock = threading.Lock()
-        self.last_launch = None
-
-    @classmethod
-    def load(cls, path: str) -> "SpyreKernel":
-        with open(path) as f:
-            return cls(KernelSpec.from_json(f.read()))
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    def placements(self, tensors: dict[str, torch.Tensor]):
-        from ..device.storage import allocation_of
-        from .access import TensorView
-
-        places, allocs, card = {}, {}, None
-        for b in self.spec.buffers:
-            t = tensors[b.name]
-            if t.device.type != "spyre":
-                raise RuntimeError(f"kernel {self.name}: buffer {b.name} is on {t.device}, expected a spyre device")
-            alloc = allocation_of(t)
-            if alloc is None:
-                return None, None, None
-            c = t.device.index or 0
-            if card is not None and c != card:
-                raise RuntimeError(f"kernel {self.name}: tensors on spyre:{card} and spyre:{c}; move them to one card")
-            card = c
-            places[b.name] = TensorView.whole(b.name, alloc.meta["layout"], int(t.storage_offset()))
-            allocs[b.name] = alloc
-        return places, allocs, card
-
-    def run(self, **args: Any) -> None:
-        """``args``: the kernel's buffers by name, and the values of its shape symbols (``s27=...``)."""
-        values = self._symbol_values(args)
-        args = self._operands_in_walkable_views(args)
-        places, allocs, card = self.placements(args)
-        if places is None:  # a tensor of no elements: nothing to compute
-            return
-        key = (values, card, tuple(sorted(places.items(), key=lambda kv: kv[0])))
-        with self._lock:
-            prepared = self._prepared.get(key)
-            if prepared is not None:
-                self._prepared.move_to_end(key)
-                self._note("hits")
-        if prepared is None:
-            prepared = self._prepare(places, card, key)
-        from ..runtime.launch import launch
-
-        self.last_launch = launch(prepared, allocs)
-
-    def _operands_in_walkable_views(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The matmul generator reads each operand as one stride per dim of its allocation. The lowering
-        copies views inside the graph that do not (``backend._matmul_operand``), but a graph *input* may
-        itself be such a view (``torch.compile(f)(y.view(32, 64))`` with ``y`` allocated [4, 8, 64]):
-        only the bound tensor shows it, so a contiguous one is copied here (a device copy, with the same
-        strides the kernel's spec expects) before the kernel runs."""
-        if self.spec.generator != "matmul":
-            return args
-        from .eager import walks_allocation_dims
-
-        inputs = {b.name for b in self.spec.buffers if b.role == "input"}
-
-        def copied(name: str, v: Any) -> Any:
-            if (name in inputs and isinstance(v, torch.Tensor) and v.device.type == "spyre" and v.is_contiguous()
-                    and not walks_allocation_dims(v)):
-                return v.clone()
-            return v
-
-        return {name: copied(name, v) for name, v in args.items()}
-
-    def _symbol_values(self, args: dict[str, Any]) -> tuple[tuple[str, int], ...]:
-        missing = [s for s in self.spec.symbols if s not in args]
-        if missing:
-            raise TypeError(f"kernel {self.name} is symbolic in {self.spec.symbols} and was called without "
-                            f"{missing}; pass their values (the generated wrapper does: {missing[0]}={missing[0]})")
-        return tuple((s, int(args[s])) for s in self.spec.symbols)
-
-    def specialized(self, values: dict[str, int]) -> KernelSpec:
-        """The static spec for these shape-symbol values (cached alongside the prepared programs)."""
-        key = tuple(sorted(values.items()))
-        spec = self._specialized.get(key)
-        if spec is None:
-            spec = self.spec.specialize(values)
-            if self.spec.symbols:
-                self._note("specializations")
-            self._specialized[key] = spec
-            while len(self._specialized) > self.cache_size:
-                self._specialized.popitem(last=False)
-        self._specialized.move_to_end(key)
-        return spec
-
-    def program_for(self, places: dict[str, Any], config: Any, values: dict[str, int] | None = None):
-        spec = self.specialized(values or {})
-        if not spec.generator:
-            return _generator(spec)(spec, places, config)
-        return _whole_op_program(spec, places, config)
-
-    def _prepare(self, places: dict[str, Any], card: int, key: tuple):
-        """Generate and prepare the program for ``key`` = (shape values, card, placements)."""
-        from ..device import cards
-        from ..runtime.launch import prepare
-        from . import debug
-
-        values = dict(key[0])
-        with self._lock:
-            if key in self._prepared:
-                return self._prepared[key]
-            c = cards.card(card)
-            program = self.program_for(places, c.config, values)
-            debug.dump_kernel(self.specialized(values), program)
-            prepared = prepare(program, c)
-            self._note("programs")
-            self._prepared[key] = prepared
-            while len(self._prepared) > self.cache_size:
-                self._prepared.popitem(last=False)
-                self._note("evictions")
-            return prepared
-
-    def _note(self, event: str) -> None:
-        self.stats[event] += 1
-        _count(event)
-
-    def __repr__(self) -> str:
-        sym = f", symbolic in {', '.join(self.spec.symbols)}" if self.spec.symbols else ""
-        return f"<SpyreKernel {self.name}: {len(self._prepared)} prepared program(s){sym}>"
+from .kernel_runtime import (  # noqa: F401 - what generated code and callers use from ``wrapper``
+    DEFAULT_SHAPE_CACHE_SIZE,
+    SHAPE_CACHE_ENV,
+    SpyreKernel,
+    empty_spyre,
+    host_fallback_stats,
+    note_host_fallback,
+    reset_host_fallback_stats,
+    reset_shape_cache_stats,
+    shape_cache_size,
+    shape_cache_stats,
+)
 
 
 # ---------------------------------------------------------------------------------------------
 # Inductor side (codegen)
 # ---------------------------------------------------------------------------------------------
 def _make_wrapper_class():
-    from torch._inductor import codecache
-    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+    PythonWrapperCodegen = torch_inductor.PythonWrapperCodegenBase
 
     class SpyreWrapperCodegen(PythonWrapperCodegen):
         """Python wrapper for spyre graphs: spyre buffers with their layouts, kernels prepared once."""
@@ -345,10 +76,8 @@ def _make_wrapper_class():
 
         # --- kernels ------------------------------------------------------------------------------
         def next_spyre_kernel_name(self, nodes) -> str:
-            from torch._inductor.utils import get_fused_kernel_name
-
             try:
-                base = get_fused_kernel_name(nodes, "original_aten")
+                base = torch_inductor.fused_kernel_name(nodes, "original_aten")
             except Exception:  # noqa: BLE001 - a name is cosmetic
                 base = "fused"
             base = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in base)[:48].strip("_") or "kernel"
@@ -363,7 +92,7 @@ def _make_wrapper_class():
             return name
 
         def define_spyre_kernel(self, spec: KernelSpec) -> None:
-            _, path = codecache.write(spec.to_json(), "json")
+            path = torch_inductor.write_cache_file(spec.to_json(), "json")
             ops = ", ".join(spec.source_ops) or "?"
             if spec.generator:
                 shapes = ", ".join(f"{b.name}{b.size}" for b in spec.buffers)
@@ -442,15 +171,13 @@ def _make_wrapper_class():
             """Inductor reuses a dead buffer of the same byte size; on the card that is only right when the
             stick layout is the same too (a generator is given the allocation's layout, and a matmul wants
             its operands' sticks where they belong). Otherwise: free the old one, allocate the new one."""
-            from torch._inductor.virtualized import V
-
             device = new.get_device()
             plan = self.layout_plan
             keep = plan.reusable(old.get_name()) and plan.reusable(new.get_name())
             if device is None or device.type != "spyre" or (keep and _same_stick_layout(old, new, plan)):
                 return super().make_buffer_reuse(old, new, delete_old)
             alloc = self.make_allocation(new.get_name(), device, new.get_dtype(), new.get_size(), new.get_stride())
-            if delete_old and old.get_name() not in V.graph.get_output_names():
+            if delete_old and old.get_name() not in torch_inductor.current_graph().get_output_names():
                 return f"{self.make_buffer_free(old)}; {alloc}"
             return alloc
 
@@ -500,10 +227,8 @@ def _check_symbols_bound(spec: KernelSpec) -> None:
     """Every shape symbol a kernel needs must be a local of the wrapper's ``call``: Inductor binds the
     symbols of the graph inputs' sizes and strides (and SymInt inputs) there, and unbacked ``u<n>`` where
     they are computed."""
-    from torch._inductor.virtualized import V
-
     bound = {s for s in spec.symbols if s.startswith("u")}
-    for value in V.graph.graph_inputs.values():
+    for value in torch_inductor.current_graph().graph_inputs.values():
         if isinstance(value, sympy.Expr):
             bound |= {str(x) for x in value.free_symbols}
         elif hasattr(value, "get_size"):
@@ -547,26 +272,19 @@ def _graph_layout_plan():
     """The layout plan of the graph being compiled (``V.graph``): its whole-op kernels' operands, who
     produces each buffer, which inputs are weights (AOTAutograd's static inputs: parameters and buffers
     of the module). A graph with symbolic shapes gets an empty plan (the default layouts)."""
-    from torch._inductor.virtualized import V
-
     from . import layout_plan as lp
 
     try:
         buffers, operands = _graph_buffers(), _graph_operands()
     except (TypeError, ValueError, AttributeError, NotImplementedError):  # symbolic sizes and the like
         return lp.LayoutPlan(notes=["no layout plan: the graph's sizes are not static"])
-    return lp.plan_layouts(buffers, operands, inference=bool(getattr(V.graph, "is_inference", False)))
+    graph = torch_inductor.current_graph()
+    return lp.plan_layouts(buffers, operands, inference=bool(getattr(graph, "is_inference", False)))
 
 
 def _static_input_names() -> set[str]:
-    import torch._guards
-    from torch._inductor.virtualized import V
-
-    ctx = torch._guards.TracingContext.try_get()
-    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
-    names = list(V.graph.graph_input_names)
-    idxs = getattr(meta, "static_input_indices", None) or ()
-    return {names[i] for i in idxs if i < len(names)}
+    names = list(torch_inductor.current_graph().graph_input_names)
+    return {names[i] for i in torch_inductor.static_input_indices() if i < len(names)}
 
 
 def _static_geometry(node: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -575,23 +293,21 @@ def _static_geometry(node: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def _graph_buffers() -> list[Any]:
-    from torch._inductor import ir
-    from torch._inductor.virtualized import V
-
     from ..device.dtypes import device_dtype
     from .layout_plan import BufferInfo
 
+    graph = torch_inductor.current_graph()
     weights = _static_input_names()
-    mutated = set(V.graph.mutated_buffers)
+    mutated = set(graph.mutated_buffers)
     out = []
-    for name, box in V.graph.graph_inputs.items():
-        if isinstance(box, ir.TensorBox) and _on_spyre(box):
+    for name, box in graph.graph_inputs.items():
+        if torch_inductor.is_tensor_box(box) and _on_spyre(box):
             out.append(BufferInfo(name, *_static_geometry(box), "weight" if name in weights else "input",
                                   device_dtype(box.get_dtype()), name in mutated))
-    for op in V.graph.operations:
-        if not isinstance(op, ir.Buffer) or not _on_spyre(op):
+    for op in graph.operations:
+        if not torch_inductor.is_buffer(op) or not _on_spyre(op):
             continue
-        generated_here = "pointwise" if isinstance(op, ir.ComputedBuffer) else "other"
+        generated_here = "pointwise" if torch_inductor.is_computed_buffer(op) else "other"
         producer = getattr(op, "spyre_generator", None) or generated_here
         out.append(BufferInfo(op.get_name(), *_static_geometry(op), producer, device_dtype(op.get_dtype()),
                               op.get_name() in mutated))
@@ -599,12 +315,10 @@ def _graph_buffers() -> list[Any]:
 
 
 def _graph_operands() -> list[Any]:
-    from torch._inductor.virtualized import V
-
     from .layout_plan import Operand
 
     out = []
-    for op in V.graph.operations:
+    for op in torch_inductor.current_graph().operations:
         gen = getattr(op, "spyre_generator", None)
         if not gen:
             continue
@@ -637,11 +351,9 @@ def _layout_comment(shape, stride, dtype) -> str:
 def _symbolic_layout_comment(shape, stride, dtype) -> str:
     """The layout of a symbolic allocation, worked out on the size hints (the sticked dim is the same for
     every value of the symbols, since it is the unit-stride dim); its byte size depends on the symbols."""
-    from torch._inductor.virtualized import V
-
     from ..device import tensor
 
-    hint = V.graph.sizevars.optimization_hint
+    hint = torch_inductor.current_graph().sizevars.optimization_hint
     layout = tensor.layout_for([hint(s) for s in shape], [hint(s) for s in stride], dtype)
     order = sorted((i for i, s in enumerate(shape) if hint(s) != 1), key=lambda i: -hint(stride[i]))
     if len(order) == len(layout.host_shape):  # dense: the sizes by decreasing stride

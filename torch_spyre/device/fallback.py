@@ -17,8 +17,9 @@ Every ATen op without a spyre kernel reaches :func:`run` (a catch-all PrivateUse
    ``torch.utils.flop_counter`` for matmul/convolution/attention ops and are the output element count
    otherwise.
 
-Unless ``TORCH_SPYRE_EAGER=host`` (docs/compiler.md, "Eager mode"), step 3 is first offered to the
-compiler (``compiler/eager.py``): an op it can lower runs as a cached single-op
+Step 3 is first offered to the program runner, if one is set (``program_runner.py``; the compiler sets
+one when torch_spyre registers, ``compiler/eager.py``, which declines every op with
+``TORCH_SPYRE_EAGER=host``, docs/compiler.md "Eager mode"): an op it can lower runs as a cached single-op
 program, timed by the card, and is counted in ``fallback_stats().compiled``; the rest run as above,
 warn once per op and are counted in ``fallback_stats().host`` (and as the dict's items).
 """
@@ -27,16 +28,18 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .._torch.device import OpOverload
 from ..runtime import stream as rt
 from . import cards, dtypes, storage, tensor
+from .op_call import OpInfo, bound_args, is_spyre, map_tensors, op_info, resize_warning, rewrap_numbers, tensors_in
+from .program_runner import program_runner
 
 _counts: Counter[str] = Counter()  # ops computed on the host
-_compiled: Counter[str] = Counter()  # ops that ran as single-op programs (compiler/eager.py)
+_compiled: Counter[str] = Counter()  # ops that ran as single-op programs (the program runner)
 _counts_lock = threading.Lock()
 
 
@@ -71,85 +74,11 @@ def reset_fallback_stats() -> None:
         _compiled.clear()
 
 
-def _is_spyre(x: Any) -> bool:
-    return isinstance(x, torch.Tensor) and x.device.type == "spyre"
-
-
-def _tensors(x: Any):
-    """The tensors in an argument value (ATen arguments nest at most lists/tuples of tensors)."""
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            yield from _tensors(y)
-
-
-def _map(fn, x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return fn(x)
-    if isinstance(x, (list, tuple)) and any(isinstance(y, (torch.Tensor, list, tuple)) for y in x):
-        return type(x)(_map(fn, y) for y in x)
-    return x
-
-
-@dataclass(frozen=True)
-class _OpInfo:
-    """What the fallback needs from an op's schema, computed once per op."""
-
-    name: str  # e.g. "add.out"
-    arg_names: tuple[str, ...]
-    defaults: tuple[Any, ...]
-    is_out: tuple[bool, ...]
-    is_write: tuple[bool, ...]
-    returns: tuple[tuple[int | None, bool], ...]  # per return: (aliased argument index, written)
-    generator: tuple[int, bool] | None  # (argument index, kwarg-only) of a Generator? argument
-    is_view: bool
-    tensor_args: tuple[bool, ...]  # arguments of type Tensor (that may arrive as unwrapped Python numbers)
-
-
-_infos: dict[torch._ops.OpOverload, _OpInfo] = {}
-
-
-def _info(op: torch._ops.OpOverload) -> _OpInfo:
-    info = _infos.get(op)
-    if info is not None:
-        return info
-    schema = op._schema
-    arguments = schema.arguments
-    returns = []
-    for r in schema.returns:
-        ai = r.alias_info
-        found = None
-        if ai is not None:
-            for i, a in enumerate(arguments):
-                if a.alias_info is not None and a.alias_info.before_set & ai.before_set:
-                    found = i
-                    break
-        returns.append((found, bool(ai is not None and ai.is_write)))
-    generator = None
-    for i, a in enumerate(arguments):
-        if a.name == "generator" and "Generator" in str(a.type):
-            generator = (i, a.kwarg_only)
-    info = _OpInfo(
-        name=op.name().removeprefix("aten::"),
-        arg_names=tuple(a.name for a in arguments),
-        defaults=tuple(a.default_value if a.has_default_value() else None for a in arguments),
-        is_out=tuple(bool(a.is_out) for a in arguments),
-        is_write=tuple(bool(a.alias_info is not None and a.alias_info.is_write) for a in arguments),
-        returns=tuple(returns),
-        generator=generator,
-        is_view=bool(returns) and all(i is not None and not w for i, w in returns),
-        tensor_args=tuple(str(a.type) == "Tensor" for a in arguments),
-    )
-    _infos[op] = info
-    return info
-
-
-def _check_devices(info: _OpInfo, args: tuple, kwargs: dict) -> int:
+def _check_devices(info: OpInfo, args: tuple, kwargs: dict) -> int:
     card = None
     others = []
     for value in (*args, *kwargs.values()):
-        for x in _tensors(value):
+        for x in tensors_in(value):
             if x.device.type == "spyre":
                 idx = x.device.index or 0
                 if card is None:
@@ -171,12 +100,6 @@ def _check_devices(info: _OpInfo, args: tuple, kwargs: dict) -> int:
     return 0 if card is None else card
 
 
-def _bound_args(info: _OpInfo, args: tuple, kwargs: dict) -> list[Any]:
-    """Argument values in schema order (positional, then keyword, then defaults)."""
-    n = len(args)
-    return [args[i] if i < n else kwargs.get(name, info.defaults[i]) for i, name in enumerate(info.arg_names)]
-
-
 def _flops(op, args, kwargs, out) -> float:
     from torch.utils.flop_counter import flop_registry
 
@@ -186,7 +109,7 @@ def _flops(op, args, kwargs, out) -> float:
             return float(fn(*args, **kwargs, out_val=out))
         except Exception:  # noqa: BLE001 - fall back to the element count on any shape surprise
             pass
-    return float(sum(x.numel() for x in _tensors(out if isinstance(out, (list, tuple)) else [out])))
+    return float(sum(x.numel() for x in tensors_in(out if isinstance(out, (list, tuple)) else [out])))
 
 
 def roofline_seconds(flops: float, nbytes: int) -> float:
@@ -200,10 +123,10 @@ def _meta_like(t: torch.Tensor) -> torch.Tensor:
     return base.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
-def _run_view(op, info: _OpInfo, args, kwargs):
-    to_meta = lambda x: _meta_like(x) if _is_spyre(x) else x  # noqa: E731
-    result = op(*[_map(to_meta, a) for a in args], **{k: _map(to_meta, v) for k, v in kwargs.items()})
-    bound = _bound_args(info, args, kwargs)
+def _run_view(op, info: OpInfo, args, kwargs):
+    to_meta = lambda x: _meta_like(x) if is_spyre(x) else x  # noqa: E731
+    result = op(*[map_tensors(to_meta, a) for a in args], **{k: map_tensors(to_meta, v) for k, v in kwargs.items()})
+    bound = bound_args(info, args, kwargs)
     returns = result if isinstance(result, (tuple, list)) else (result,)
     outs = []
     for r, (arg_index, _) in zip(returns, info.returns):
@@ -217,7 +140,7 @@ def _run_view(op, info: _OpInfo, args, kwargs):
     return outs[0] if not isinstance(result, (tuple, list)) else type(result)(outs)
 
 
-def _inject_generator(info: _OpInfo, args: tuple, kwargs: dict, card: int) -> tuple[tuple, dict]:
+def _inject_generator(info: OpInfo, args: tuple, kwargs: dict, card: int) -> tuple[tuple, dict]:
     """Random ops without an explicit generator draw from the card's generator."""
     if info.generator is None:
         return args, kwargs
@@ -228,45 +151,6 @@ def _inject_generator(info: _OpInfo, args: tuple, kwargs: dict, card: int) -> tu
     elif args[i] is None:
         args = (*args[:i], cards.generator(card), *args[i + 1:])
     return args, kwargs
-
-
-def _rewrap_numbers(info: _OpInfo, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Python numbers in Tensor arguments back to 0-d tensors.
-
-    C++ passes scalars as "wrapped number" tensors (``x % 4`` runs ``remainder.Tensor`` with a wrapped 4),
-    and the boxed call into Python unwraps them to plain numbers, which the op then refuses. The 0-d
-    tensor takes the dtype the scalar would promote to against the op's first tensor, so type promotion is
-    unchanged.
-    """
-    if not any(info.tensor_args):
-        return args, kwargs
-    first = next((t for v in (*args, *kwargs.values()) for t in _tensors(v)), None)
-
-    def wrap(v):
-        if isinstance(v, (bool, int, float)):
-            dtype = torch.result_type(first, v) if first is not None else None
-            return torch.tensor(v, dtype=dtype)
-        return v
-
-    n = len(args)
-    args = tuple(wrap(v) if i < len(info.tensor_args) and info.tensor_args[i] else v for i, v in enumerate(args))
-    for i, name in enumerate(info.arg_names):
-        if i >= n and info.tensor_args[i] and name in kwargs:
-            kwargs = {**kwargs, name: wrap(kwargs[name])}
-    return args, kwargs
-
-
-def _resize_warning(dev: torch.Tensor, host: torch.Tensor) -> None:
-    """The warning the CPU gives for an ``out=`` with elements but the wrong shape (``_resize_output_check``)."""
-    import warnings
-
-    warnings.warn(
-        f"An output with one or more elements was resized since it had shape {list(dev.shape)}, which does not "
-        f"match the required output shape {list(host.shape)}. This behavior is deprecated, and in a future "
-        "PyTorch release outputs will not be resized unless they have zero elements. You can explicitly "
-        "reuse an out tensor t by resizing it, inplace, to zero elements with t.resize_(0).",
-        UserWarning, stacklevel=2,
-    )
 
 
 def _convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
@@ -294,10 +178,10 @@ _HOST_EQUIVALENT = {
 _SAME_DTYPE_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot"})
 
 
-def _check_same_dtype(info: _OpInfo, args: tuple, kwargs: dict) -> None:
+def _check_same_dtype(info: OpInfo, args: tuple, kwargs: dict) -> None:
     if info.name.split(".")[0] not in _SAME_DTYPE_OPS:
         return
-    named = [(name, v) for name, v, out in zip(info.arg_names, _bound_args(info, args, kwargs), info.is_out)
+    named = [(name, v) for name, v, out in zip(info.arg_names, bound_args(info, args, kwargs), info.is_out)
              if isinstance(v, torch.Tensor) and not out]
     dtypes_seen = {v.dtype for _, v in named}
     if len(dtypes_seen) > 1:
@@ -306,62 +190,36 @@ def _check_same_dtype(info: _OpInfo, args: tuple, kwargs: dict) -> None:
                            "e.g. b.to(a.dtype) (as on the CPU, which refuses mixed dtypes here too)")
 
 
-def run(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
-    info = _info(op)
+def run(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
+    info = op_info(op)
     card = _check_devices(info, args, kwargs)
     _check_same_dtype(info, args, kwargs)
     if info.is_view:
         return _run_view(op, info, args, kwargs)
-    done, result = _try_program(op, info, args, kwargs, card)
-    if done:
-        return result
-    from ..compiler import eager
-
-    # While an eager program compiles, fake tensors run ops that have no meta kernel on real zeros of
-    # the device to learn output shapes: probes of the compiler, neither counted nor timed.
-    return _run_on_host(op, info, args, kwargs, card, probe=eager.compiling())
-
-
-def _try_program(op, info: _OpInfo, args: tuple, kwargs: dict, card: int) -> tuple[bool, Any]:
-    """The op as a single-op program (compiler/eager.py) when TORCH_SPYRE_EAGER=compile: (True, result),
-    or (False, None) when it must be computed on the host (warned once per op)."""
-    from ..compiler import eager
-
-    if eager.mode() != "compile":
-        return False, None
-    if eager.compiling():
-        return False, None
-    if eager.active():  # an op inside an eager program's graph: on the host, and the program is not used
-        eager.note_nested_host(info.name)
-        return False, None
-    try:
-        result, host_reason = eager.run(op, info, args, kwargs, card)
-    except eager.HostOp as e:
-        reason = e.reason
-    else:
-        reason = ""
-    if reason:  # (warned outside the except: a warning raised as an error does not chain HostOp)
-        eager.warn_host(info.name, reason)
-        return False, None
-    if host_reason:  # its graph computed on the host: those nested ops are already counted as host
-        eager.warn_host(info.name, host_reason)
-    else:
-        with _counts_lock:
-            _compiled[info.name] += 1
-    return True, result
+    runner = program_runner()
+    if runner is not None:  # the op as a program (compiler/eager.py, unless TORCH_SPYRE_EAGER=host)
+        ran = runner.run(op, info, args, kwargs, card)
+        if ran is not None:
+            if ran.as_program:
+                with _counts_lock:
+                    _compiled[info.name] += 1
+            return ran.result
+    # While a runner compiles, fake tensors run ops that have no meta kernel on real zeros of the device
+    # to learn output shapes: probes of the compiler, neither counted nor timed.
+    return _run_on_host(op, info, args, kwargs, card, probe=runner is not None and runner.probing())
 
 
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
 
 def _holds_dlfloat16(x: Any) -> bool:
-    if not (_is_spyre(x) and x.dtype in _SIXTEEN_BIT):
+    if not (is_spyre(x) and x.dtype in _SIXTEEN_BIT):
         return False
     alloc = storage.allocation_of(x)
     return alloc is not None and alloc.meta["encoding"] == dtypes.DLFLOAT16
 
 
-def _wide_results(op, info: _OpInfo, args: tuple, kwargs: dict) -> Any:
+def _wide_results(op, info: OpInfo, args: tuple, kwargs: dict) -> Any:
     """The op's results on meta tensors when it should compute in fp32 on the host, else None.
 
     The card keeps fp16/bf16 as DLFloat16 only in memory and computes in fp32; so does the host path.
@@ -373,17 +231,17 @@ def _wide_results(op, info: _OpInfo, args: tuple, kwargs: dict) -> Any:
     draw the same numbers as on the CPU."""
     if info.generator is not None:
         return None
-    floats = [t for v in (*args, *kwargs.values()) for t in _tensors(v) if _is_spyre(t) and t.is_floating_point()]
+    floats = [t for v in (*args, *kwargs.values()) for t in tensors_in(v) if is_spyre(t) and t.is_floating_point()]
     if not floats or len({t.dtype for t in floats}) != 1 or not all(_holds_dlfloat16(t) for t in floats):
         return None
-    to_meta = lambda x: _meta_like(x) if _is_spyre(x) else x  # noqa: E731
+    to_meta = lambda x: _meta_like(x) if is_spyre(x) else x  # noqa: E731
     try:
-        return op(*[_map(to_meta, a) for a in args], **{k: _map(to_meta, v) for k, v in kwargs.items()})
+        return op(*[map_tensors(to_meta, a) for a in args], **{k: map_tensors(to_meta, v) for k, v in kwargs.items()})
     except Exception:  # noqa: BLE001 - no meta kernel or a dtype error: compute as the CPU would
         return None
 
 
-def _run_on_host(op, info: _OpInfo, args: tuple, kwargs: dict, card: int, probe: bool = False) -> Any:
+def _run_on_host(op, info: OpInfo, args: tuple, kwargs: dict, card: int, probe: bool = False) -> Any:
     if not probe:
         with _counts_lock:
             _counts[info.name] += 1
@@ -401,14 +259,14 @@ def _run_on_host(op, info: _OpInfo, args: tuple, kwargs: dict, card: int, probe:
     # A temporary of the device out's shape would make the CPU kernel warn "An output with one or more
     # elements was resized" whenever a composite op hands the fallback an out= of a placeholder shape
     # (F.mse_loss reaches ``mse_loss.out`` with a 0-d out that the CPU kernel first fills at full size).
-    bound = _bound_args(info, args, kwargs)
+    bound = bound_args(info, args, kwargs)
     if any(info.is_out):
         inputs = {t.untyped_storage().data_ptr()
-                  for v, out in zip(bound, info.is_out) if not out for t in _tensors(v) if _is_spyre(t)}
+                  for v, out in zip(bound, info.is_out) if not out for t in tensors_in(v) if is_spyre(t)}
         for v, out in zip(bound, info.is_out):
             if out:
-                for t in _tensors(v):
-                    if _is_spyre(t) and t.untyped_storage().data_ptr() not in inputs:
+                for t in tensors_in(v):
+                    if is_spyre(t) and t.untyped_storage().data_ptr() not in inputs:
                         hosts[id(t)] = torch.empty(0, dtype=wide_dtype(t) or t.dtype)
 
     def to_host(x):
@@ -422,10 +280,10 @@ def _run_on_host(op, info: _OpInfo, args: tuple, kwargs: dict, card: int, probe:
             nbytes += moved.device_bytes
         return h
 
-    host_args = tuple(_map(to_host, a) for a in args)
-    host_kwargs = {k: _map(to_host, v) for k, v in kwargs.items()}
+    host_args = tuple(map_tensors(to_host, a) for a in args)
+    host_kwargs = {k: map_tensors(to_host, v) for k, v in kwargs.items()}
     host_args, host_kwargs = _inject_generator(info, host_args, host_kwargs, card)
-    host_args, host_kwargs = _rewrap_numbers(info, host_args, host_kwargs)
+    host_args, host_kwargs = rewrap_numbers(info, host_args, host_kwargs)
     host_op = op
     if info.name in _HOST_EQUIVALENT:
         host_op, host_args = _HOST_EQUIVALENT[info.name](*host_args, **host_kwargs)
@@ -434,17 +292,17 @@ def _run_on_host(op, info: _OpInfo, args: tuple, kwargs: dict, card: int, probe:
 
     # Write mutated arguments back through their views.
     if any(info.is_write):
-        host_bound = _bound_args(info, host_args, host_kwargs)  # (no _HOST_EQUIVALENT op writes its arguments)
+        host_bound = bound_args(info, host_args, host_kwargs)  # (no _HOST_EQUIVALENT op writes its arguments)
         for written, dev, host in zip(info.is_write, bound, host_bound):
             if not written:
                 continue
             pairs = zip(dev, host) if isinstance(dev, (list, tuple)) else [(dev, host)]
             for d, h in pairs:
-                if not _is_spyre(d):
+                if not is_spyre(d):
                     continue
                 if tuple(d.shape) != tuple(h.shape):
                     if d.numel():
-                        _resize_warning(d, h)
+                        resize_warning(d, h)
                     d.resize_(h.shape)
                 nbytes += tensor.write(d, h, computed_in_fp32=wide is not None).device_bytes
 

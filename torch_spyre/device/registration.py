@@ -11,25 +11,11 @@ import threading
 
 import torch
 
+from .._torch import device as torch_device
+
 _lock = threading.Lock()
 _registered = False
 _libraries: list[torch.library.Library] = []  # kept alive: dropping a Library unregisters its kernels
-
-
-class _Hooks(torch._C._acc.PrivateUse1Hooks):
-    def is_available(self) -> bool:
-        return True
-
-    def has_primary_context(self, dev_id) -> bool:
-        return True
-
-    def is_built(self) -> bool:
-        return True
-
-
-class _Guard(torch._C._acc.DeviceGuard):
-    def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
 
 
 def _forward(name: str):
@@ -44,10 +30,10 @@ def _forward(name: str):
 
 def _cpu_metadata(name: str):
     op = getattr(torch.ops.aten, name).default
-    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    to_cpu = torch_device.redispatch_to_cpu
 
     def kernel(*args, **kwargs):
-        return op.redispatch(keys, *args, **kwargs)
+        return to_cpu(op, *args, **kwargs)
 
     kernel.__name__ = f"spyre_{name}"
     return kernel
@@ -98,16 +84,13 @@ def register() -> None:
     with _lock:
         if _registered:
             return
-        current = torch._C._get_privateuse1_backend_name()
+        current = torch_device.privateuse1_backend_name()
         if current not in ("privateuseone", "spyre"):
             raise RuntimeError(f"cannot register spyre: PrivateUse1 is already taken by {current!r}")
-        from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
-
         from .. import spyre_module
 
         if current == "privateuseone":
-            _setup_privateuseone_for_python_backend("spyre", backend_module=spyre_module, hook=_Hooks(),
-                                                    device_guard=_Guard())
+            torch_device.register_python_device("spyre", spyre_module)
         aten = torch.library.Library("aten", "IMPL")
         for name in KERNEL_NAMES:
             aten.impl(name, _forward(name), "PrivateUse1")

@@ -12,7 +12,7 @@ What this module does instead:
   functional op with torch's SDPA semantics (4-d q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv],
   output contiguous [B, Hq, Lq, Dv]). Its CPU kernel is torch's math decomposition; on spyre, eager
   calls go through the device's fallback (``fallback.run``); its Meta kernel gives the shape for
-  tracing. Inductor lowers it to one kernel of the ``attention`` generator (``compiler/backend.py``);
+  tracing. Inductor lowers it to one kernel of the ``attention`` generator (``compiler/lowerings.py``);
 - registers a Python kernel for SDPA's CompositeImplicitAutograd key. The Python dispatcher, on during
   tracing (torch.compile / AOTAutograd / export), calls it: for spyre tensors of a
   case the generator supports (see :func:`supported`) and with no gradient to compute, it emits
@@ -35,6 +35,8 @@ import math
 
 import torch
 
+from .._torch.device import call_composite_implicit, set_composite_python_kernel
+
 _lib: torch.library.Library | None = None
 _libs: list[torch.library.Library] = []  # kept alive: a Library's registrations end with it
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -42,11 +44,8 @@ MAX_HEAD_DIM = 1024  # largest head dim the generator was checked to tile (scrat
 
 
 def _math(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
-    from torch._C import DispatchKey
-
     op = torch.ops.aten.scaled_dot_product_attention.default
-    return op._op_dk(DispatchKey.CompositeImplicitAutograd, q, k, v, attn_mask, 0.0, is_causal,
-                     scale=scale, enable_gqa=enable_gqa)
+    return call_composite_implicit(op, q, k, v, attn_mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
 def _flash_eager(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
@@ -108,11 +107,8 @@ def _sdpa_py_impl(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale
         if supported(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa) is None:
             return torch.ops.spyre.flash_attention(q, k, v, attn_mask, bool(is_causal),
                                                    None if scale is None else float(scale), bool(enable_gqa))
-    from torch._C import DispatchKey
-
-    return torch.ops.aten.scaled_dot_product_attention.default._op_dk(
-        DispatchKey.CompositeImplicitAutograd, q, k, v, attn_mask, dropout_p, is_causal, scale=scale,
-        enable_gqa=enable_gqa)
+    return call_composite_implicit(torch.ops.aten.scaled_dot_product_attention.default, q, k, v, attn_mask,
+                                   dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
 def register() -> list[torch.library.Library]:
@@ -120,17 +116,14 @@ def register() -> list[torch.library.Library]:
     global _lib
     if _lib is not None:
         return [_lib, *_libs]
-    from torch._C import DispatchKey
-
     lib = torch.library.Library("spyre", "DEF")
     lib.define("flash_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
                "bool is_causal=False, float? scale=None, bool enable_gqa=False) -> Tensor")
     lib.impl("flash_attention", _flash_eager, "CompositeExplicitAutograd")
     lib.impl("flash_attention", _flash_meta, "Meta")
     lib.impl("flash_attention", _flash_device, "PrivateUse1")
-    op = torch.ops.aten.scaled_dot_product_attention.default
-    if DispatchKey.CompositeImplicitAutograd not in op.py_kernels:
-        op.py_impl(DispatchKey.CompositeImplicitAutograd)(_sdpa_py_impl)
+    # (a patch of torch's global state: docs/architecture.md)
+    set_composite_python_kernel(torch.ops.aten.scaled_dot_product_attention.default, _sdpa_py_impl)
     # Eager: the dispatcher reaches SDPA's autograd key for spyre tensors before its composite kernel,
     # so a kernel there routes eager calls the same way (gradients keep the decomposition).
     aten_lib = torch.library.Library("aten", "IMPL")

@@ -1,7 +1,7 @@
 """Device storages: PrivateUse1 tensors over the host buffers of the card's allocations.
 
-This is one of the few modules that touch torch internals (with ``registration.py`` and
-``torch_patches.py``). The mechanisms, tested in tests/device/test_storage.py:
+The torch internals it needs (redispatch to the CPU kernel, a storage's identity) come through the
+seam, ``torch_spyre/_torch/device.py``. The mechanisms, tested in tests/device/test_storage.py:
 
 - **Creating** a tensor on ``spyre:N`` over an allocation: the DLPack import (``torch.from_dlpack``
   of a capsule with device type ``kDLExtDev`` and id ``N``) gives a plain PrivateUse1 tensor on
@@ -27,12 +27,11 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from torch._C import DispatchKey, DispatchKeySet
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from .._torch.device import redispatch_to_cpu, storage_key
 from ..card.memory import Allocation
 
-_CPU_KEYS = DispatchKeySet(DispatchKey.CPU)
 _SET = torch.ops.aten.set_.source_Storage_storage_offset
 
 
@@ -161,12 +160,12 @@ _redirects: dict[int, tuple[StorageWeakRef, torch.UntypedStorage]] = {}
 def redirect(old: torch.UntypedStorage, new: torch.UntypedStorage) -> None:
     """Send every later ``set_`` onto ``old`` to ``new`` (see ``tensor.adopt_dtype``)."""
     with _lock:
-        _redirects[old._cdata] = (StorageWeakRef(old), new)
+        _redirects[storage_key(old)] = (StorageWeakRef(old), new)
 
 
 def redirected(source: torch.UntypedStorage) -> torch.UntypedStorage | None:
     """The storage that replaced ``source``, or None."""
-    entry = _redirects.get(source._cdata)
+    entry = _redirects.get(storage_key(source))
     if entry is None or entry[0].expired():
         return None
     return entry[1]
@@ -190,13 +189,13 @@ def allocation_of(t: torch.Tensor | torch.UntypedStorage) -> Allocation | None:
 
 def set_view(t: torch.Tensor, storage: torch.UntypedStorage, offset: int, size: Sequence[int], stride: Sequence[int]) -> torch.Tensor:
     """``t.set_(storage, offset, size, stride)`` as pure metadata (the CPU kernel), in place."""
-    return _SET.redispatch(_CPU_KEYS, t, storage, int(offset), list(size), list(stride))
+    return redispatch_to_cpu(_SET, t, storage, int(offset), list(size), list(stride))
 
 
 def view_of(base: torch.Tensor, dtype: torch.dtype, size: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
     """A new tensor of ``dtype`` viewing ``base``'s storage with the given geometry."""
     if dtype == base.dtype:
-        shell = torch.ops.aten.alias.default.redispatch(_CPU_KEYS, base)
+        shell = redispatch_to_cpu(torch.ops.aten.alias.default, base)
     else:
         # A fresh tensor of the new dtype on the same card, then moved onto base's storage.
         shell = storage_tensor(base.device.index or 0, None, dtype, 0)

@@ -1,4 +1,8 @@
-"""The Python functions of torch that spyre replaces (all of them, in this one file).
+"""What spyre replaces in torch's Python functions, and when: the device's side of three patches.
+
+The patching itself is done by the seam, ``torch_spyre/_torch/device.py``; docs/architecture.md
+("Patches of torch's global state") lists every patch torch_spyre makes and why. The three here
+(the third is a kernel registered through the public ``torch.library``, so it needs no seam):
 
 1. ``torch.accelerator``.
 
@@ -9,8 +13,8 @@ assert). ``device_count``, ``is_available`` and ``current_accelerator`` already 
 module. The functions below are replaced by thin wrappers that call ``torch.spyre`` when the current
 accelerator is spyre and the original otherwise.
 
-2. ``torch._tensor_str.tensor_totype``: printing a tensor converts its non-zero finite values to float64
-   *on the device*; the card has no float64, so spyre is treated as torch treats MPS and MAIA (float32).
+2. Tensor printing (``tensor_totype``) converts a tensor's non-zero finite values to float64 *on the
+   device*; the card has no float64, so spyre is treated as torch treats MPS and MAIA (float32).
 
 3. ``aten::_has_compatible_shallow_copy_type`` (a kernel for PrivateUse1, the extension point
    ``c10/core/TensorImpl.h`` documents for PrivateUse1 backends). torch's own answer lists only the dense
@@ -27,10 +31,11 @@ release that changes them is noticed.
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable
+from typing import Any
 
 import torch
+
+from .._torch import device as torch_device
 
 # torch.accelerator attribute -> torch.spyre function (same meaning, same arguments)
 _MEMORY = {
@@ -55,19 +60,7 @@ _patched = False
 
 
 def _is_spyre() -> bool:
-    acc = torch._C._accelerator_getAccelerator()
-    return acc is not None and acc.type == "spyre"
-
-
-def _wrap(original: Callable, name: str) -> Callable:
-    @functools.wraps(original)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if _is_spyre():
-            return getattr(torch.spyre, name)(*args, **kwargs)
-        return original(*args, **kwargs)
-
-    wrapper.__spyre_original__ = original  # type: ignore[attr-defined]
-    return wrapper
+    return torch_device.current_accelerator_type() == "spyre"
 
 
 class _device_index:
@@ -85,21 +78,6 @@ class _device_index:
     def __exit__(self, *exc: Any) -> None:
         if self.idx is not None:
             torch.spyre.set_device(self.prev_idx)
-
-
-def _patch_printing() -> None:
-    import torch._tensor_str as ts
-
-    original = ts.tensor_totype
-
-    @functools.wraps(original)
-    def tensor_totype(t):
-        if t.device.type == "spyre":
-            return t.to(dtype=torch.float)
-        return original(t)
-
-    tensor_totype.__spyre_original__ = original  # type: ignore[attr-defined]
-    ts.tensor_totype = tensor_totype
 
 
 _DENSE_SHALLOW_COPY_DEVICES = ("cpu", "spyre")
@@ -121,24 +99,7 @@ def patch() -> None:
     global _patched
     if _patched:
         return
-    _patch_printing()
+    torch_device.print_as_float32("spyre")
+    torch_device.route_accelerator_functions(lambda: torch.spyre, _MEMORY, _DEVICE, _device_index, _is_spyre)
     _patch_module_conversion_keeps_parameters()
-    import torch.accelerator as acc
-    import torch.accelerator.memory as acc_memory
-
-    for attr, name in _MEMORY.items():
-        original = getattr(acc_memory, attr)
-        wrapped = _wrap(original, name)
-        setattr(acc_memory, attr, wrapped)
-        if getattr(acc, attr, None) is original:
-            setattr(acc, attr, wrapped)
-    for attr, name in _DEVICE.items():
-        if hasattr(acc, attr):
-            setattr(acc, attr, _wrap(getattr(acc, attr), name))
-    original_ctx = acc.device_index
-
-    def device_index(device: Any, /):
-        return _device_index(device) if _is_spyre() else original_ctx(device)
-
-    acc.device_index = device_index
     _patched = True

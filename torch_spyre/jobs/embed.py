@@ -229,19 +229,19 @@ def _first_line(e: BaseException) -> str:
 
 
 def _reset_counters() -> None:
-    import torch_spyre
-
-    torch_spyre.reset_fallback_stats()
     from ..compiler import wrapper
+    from ..device.fallback import reset_fallback_stats
+
+    reset_fallback_stats()
 
     wrapper.reset_host_fallback_stats()
 
 
 def _host_fallbacks(mode: str) -> dict[str, int]:
     """Ops that ran on the host during the measured forward (inside compiled graphs, or eager fallbacks)."""
-    import torch_spyre
+    from ..device.fallback import fallback_stats
 
-    stats = dict(torch_spyre.fallback_stats())
+    stats = dict(fallback_stats())
     if mode == "compiled":
         from ..compiler import wrapper
 

@@ -1,0 +1,280 @@
+"""The runtime objects a compiled spyre graph calls: :class:`SpyreKernel`, :func:`empty_spyre`, the counters.
+
+The generated wrapper (``wrapper.py``) loads each kernel as ``SpyreKernel.load(path)`` and calls
+``kernel.run(buffer=..., ...)``; it imports these names from ``torch_spyre.compiler.wrapper``, which
+re-exports them.
+
+:class:`SpyreKernel` holds the kernel's :class:`~torch_spyre.compiler.kernel_ir.KernelSpec`. At its first
+call with a given placement of its tensors (their stick layouts and storage offsets) it generates the
+program (``generators.py`` picks the generator), writes the ``TORCH_SPYRE_DEBUG`` files and prepares it
+for the card (validation, timing, patch table); every call then only patches addresses and launches on
+the current stream.
+
+Dynamic shapes: a symbolic spec (``spec.symbols``, e.g. ``["s27"]``) is called with the symbols'
+values (``spyre_softmax_0.run(arg0_1=arg0_1, buf2=buf2, s27=s27)``); the kernel specializes the spec
+for those values and generates per (values, placement). Prepared programs are kept in a per-kernel LRU
+(``TORCH_SPYRE_SHAPE_CACHE_SIZE``, default 32), so a varying sequence length costs a bounded number of
+card programs; :func:`shape_cache_stats` counts specializations, programs and evictions.
+
+Host fallbacks inside compiled graphs (extern kernels Inductor could not lower) are counted:
+:func:`host_fallback_stats` must stay empty for supported ops.
+
+Nothing here imports Inductor: a cached wrapper runs without compiling.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter, OrderedDict
+from typing import Any
+
+import torch
+
+from .generators import generator_for
+from .kernel_spec import KernelSpec
+
+_fallbacks: Counter[str] = Counter()
+_fallback_lock = threading.Lock()
+
+
+def note_host_fallback(name: str) -> None:
+    """Called by generated code right before an op runs on the host inside a compiled graph."""
+    with _fallback_lock:
+        _fallbacks[name] += 1
+
+
+def host_fallback_stats() -> dict[str, int]:
+    """Op name -> number of host executions inside compiled spyre graphs."""
+    with _fallback_lock:
+        return dict(_fallbacks)
+
+
+def reset_host_fallback_stats() -> None:
+    with _fallback_lock:
+        _fallbacks.clear()
+
+
+def empty_spyre(size, stride, dtype: torch.dtype, card: int, stick_dim: int | None = None) -> torch.Tensor:
+    """A spyre buffer allocated by a compiled graph. ``stick_dim`` (a dim of the dense host shape,
+    outermost first) picks the sticked dimension; None keeps the device's default (the unit-stride dim)."""
+    from ..card.layout import StickLayout
+    from ..device import dtypes, tensor
+
+    layout = None
+    if stick_dim is not None:
+        base = tensor.layout_for(size, stride, dtype)
+        layout = StickLayout(base.host_shape, stick_dim, dtypes.device_dtype(dtype))
+    return tensor.empty_strided(size, stride, dtype, card, layout=layout)
+
+
+# Whole-op programs by what they compute: the six identical matmuls of six transformer layers are
+# planned once (operands are role names, so a program fits every kernel with the same key).
+_WHOLE_OP_CACHE: dict[tuple, Any] = {}
+_WHOLE_OP_CACHE_SIZE = 512
+
+
+def _whole_op_program(spec: KernelSpec, places: dict[str, Any], config: Any):
+    import json
+
+    from ..program import Program
+
+    key = (spec.generator, json.dumps(spec.params, sort_keys=True, default=str),
+           tuple((b.name, b.dtype, tuple(b.size), tuple(b.stride), b.offset) for b in spec.buffers),
+           tuple(sorted(places.items(), key=lambda kv: kv[0])), id(config))
+    program = _WHOLE_OP_CACHE.get(key)
+    if program is None:
+        program = generator_for(spec)(spec, places, config)
+        if len(_WHOLE_OP_CACHE) >= _WHOLE_OP_CACHE_SIZE:
+            _WHOLE_OP_CACHE.pop(next(iter(_WHOLE_OP_CACHE)))
+        _WHOLE_OP_CACHE[key] = program
+    if program.name == spec.name:
+        return program
+    meta = dict(program.metadata)
+    if isinstance(meta.get("decisions"), dict):
+        meta["decisions"] = {**meta["decisions"], "kernel": spec.name, "source_ops": list(spec.source_ops),
+                             "source_lines": list(spec.source_lines)}
+    return Program(spec.name, program.operands, program.cores, meta)
+
+
+SHAPE_CACHE_ENV = "TORCH_SPYRE_SHAPE_CACHE_SIZE"
+DEFAULT_SHAPE_CACHE_SIZE = 32
+
+# Over all kernels: "specializations" (symbolic specs made static for new shape values), "programs"
+# (programs generated and prepared), "evictions" (prepared programs dropped by a kernel's LRU), "hits".
+_shape_stats: Counter[str] = Counter()
+
+
+def shape_cache_stats() -> dict[str, int]:
+    """Counters of every :class:`SpyreKernel` since the last :func:`reset_shape_cache_stats`."""
+    with _fallback_lock:
+        return {k: _shape_stats[k] for k in ("specializations", "programs", "evictions", "hits")}
+
+
+def reset_shape_cache_stats() -> None:
+    with _fallback_lock:
+        _shape_stats.clear()
+
+
+def _count(event: str) -> None:
+    with _fallback_lock:
+        _shape_stats[event] += 1
+
+
+def shape_cache_size() -> int:
+    """Prepared programs a kernel keeps (per shape values and placement), from ``TORCH_SPYRE_SHAPE_CACHE_SIZE``."""
+    text = os.environ.get(SHAPE_CACHE_ENV, str(DEFAULT_SHAPE_CACHE_SIZE))
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise ValueError(f"{SHAPE_CACHE_ENV}={text!r}: expected a whole number >= 1 (prepared programs kept per "
+                         f"kernel; default {DEFAULT_SHAPE_CACHE_SIZE})")
+    return size
+
+
+class SpyreKernel:
+    """One compiled kernel: specializes its spec per shape values, generates and prepares its program per
+    (values, placement) in a bounded LRU, launches it per call."""
+
+    def __init__(self, spec: KernelSpec):
+        self.spec = spec
+        self.cache_size = shape_cache_size()
+        self._prepared: OrderedDict[tuple, Any] = OrderedDict()
+        self._specialized: OrderedDict[tuple, KernelSpec] = OrderedDict()
+        self.stats: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self.last_launch = None
+
+    @classmethod
+    def load(cls, path: str) -> "SpyreKernel":
+        with open(path) as f:
+            return cls(KernelSpec.from_json(f.read()))
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def placements(self, tensors: dict[str, torch.Tensor]):
+        from ..device.storage import allocation_of
+        from .access import TensorView
+
+        places, allocs, card = {}, {}, None
+        for b in self.spec.buffers:
+            t = tensors[b.name]
+            if t.device.type != "spyre":
+                raise RuntimeError(f"kernel {self.name}: buffer {b.name} is on {t.device}, expected a spyre device")
+            alloc = allocation_of(t)
+            if alloc is None:
+                return None, None, None
+            c = t.device.index or 0
+            if card is not None and c != card:
+                raise RuntimeError(f"kernel {self.name}: tensors on spyre:{card} and spyre:{c}; move them to one card")
+            card = c
+            places[b.name] = TensorView.whole(b.name, alloc.meta["layout"], int(t.storage_offset()))
+            allocs[b.name] = alloc
+        return places, allocs, card
+
+    def run(self, **args: Any) -> None:
+        """``args``: the kernel's buffers by name, and the values of its shape symbols (``s27=...``)."""
+        values = self._symbol_values(args)
+        args = self._operands_in_walkable_views(args)
+        places, allocs, card = self.placements(args)
+        if places is None:  # a tensor of no elements: nothing to compute
+            return
+        key = (values, card, tuple(sorted(places.items(), key=lambda kv: kv[0])))
+        with self._lock:
+            prepared = self._prepared.get(key)
+            if prepared is not None:
+                self._prepared.move_to_end(key)
+                self._note("hits")
+        if prepared is None:
+            prepared = self._prepare(places, card, key)
+        from ..runtime.launch import launch
+
+        self.last_launch = launch(prepared, allocs)
+
+    def _operands_in_walkable_views(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The matmul generator reads each operand as one stride per dim of its allocation. The lowering
+        copies views inside the graph that do not (``lowerings._matmul_operand``), but a graph *input* may
+        itself be such a view (``torch.compile(f)(y.view(32, 64))`` with ``y`` allocated [4, 8, 64]):
+        only the bound tensor shows it, so a contiguous one is copied here (a device copy, with the same
+        strides the kernel's spec expects) before the kernel runs."""
+        if self.spec.generator != "matmul":
+            return args
+        inputs = {b.name for b in self.spec.buffers if b.role == "input"}
+
+        def copied(name: str, v: Any) -> Any:
+            if (name in inputs and isinstance(v, torch.Tensor) and v.device.type == "spyre" and v.is_contiguous()
+                    and not walks_allocation_dims(v)):
+                return v.clone()
+            return v
+
+        return {name: copied(name, v) for name, v in args.items()}
+
+    def _symbol_values(self, args: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+        missing = [s for s in self.spec.symbols if s not in args]
+        if missing:
+            raise TypeError(f"kernel {self.name} is symbolic in {self.spec.symbols} and was called without "
+                            f"{missing}; pass their values (the generated wrapper does: {missing[0]}={missing[0]})")
+        return tuple((s, int(args[s])) for s in self.spec.symbols)
+
+    def specialized(self, values: dict[str, int]) -> KernelSpec:
+        """The static spec for these shape-symbol values (cached alongside the prepared programs)."""
+        key = tuple(sorted(values.items()))
+        spec = self._specialized.get(key)
+        if spec is None:
+            spec = self.spec.specialize(values)
+            if self.spec.symbols:
+                self._note("specializations")
+            self._specialized[key] = spec
+            while len(self._specialized) > self.cache_size:
+                self._specialized.popitem(last=False)
+        self._specialized.move_to_end(key)
+        return spec
+
+    def program_for(self, places: dict[str, Any], config: Any, values: dict[str, int] | None = None):
+        spec = self.specialized(values or {})
+        if not spec.generator:
+            return generator_for(spec)(spec, places, config)
+        return _whole_op_program(spec, places, config)
+
+    def _prepare(self, places: dict[str, Any], card: int, key: tuple):
+        """Generate and prepare the program for ``key`` = (shape values, card, placements)."""
+        from ..device import cards
+        from ..runtime.launch import prepare
+        from . import debug
+
+        values = dict(key[0])
+        with self._lock:
+            if key in self._prepared:
+                return self._prepared[key]
+            c = cards.card(card)
+            program = self.program_for(places, c.config, values)
+            debug.dump_kernel(self.specialized(values), program)
+            prepared = prepare(program, c)
+            self._note("programs")
+            self._prepared[key] = prepared
+            while len(self._prepared) > self.cache_size:
+                self._prepared.popitem(last=False)
+                self._note("evictions")
+            return prepared
+
+    def _note(self, event: str) -> None:
+        self.stats[event] += 1
+        _count(event)
+
+    def __repr__(self) -> str:
+        sym = f", symbolic in {', '.join(self.spec.symbols)}" if self.spec.symbols else ""
+        return f"<SpyreKernel {self.name}: {len(self._prepared)} prepared program(s){sym}>"
+
+
+def walks_allocation_dims(t: torch.Tensor) -> bool:
+    """``access.walks_layout_dims`` for a spyre tensor and its allocation (a Linear on a 3-d input hands
+    addmm a [B*S, K] view of a [B, S, K] allocation, which does not)."""
+    from ..device.storage import allocation_of
+    from .access import walks_layout_dims
+
+    alloc = allocation_of(t)
+    return alloc is None or walks_layout_dims(alloc.meta["layout"], t.shape, t.stride())

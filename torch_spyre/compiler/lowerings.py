@@ -1,0 +1,345 @@
+"""Lowerings that keep whole ops on the card instead of Inductor's extern ATen calls or indirect indexing.
+
+- the matmul family (``mm``, ``bmm``, ``addmm``, ``baddbmm``) -> generator "matmul" (fp32 operands rounded
+  to 16 bits for the PE arrays; views that merge dims of their buffer are copied first);
+- ``embedding``, ``index_select``, one-tensor ``index``, ``gather`` -> generator "gather";
+- ``cumsum`` -> a log-step scan of pointwise kernels;
+- ``spyre::flash_attention`` (traced SDPA on spyre, ``device/sdpa.py``) -> generator "attention".
+
+:func:`register_lowerings` puts them in Inductor's global lowerings table (through the seam,
+``torch_spyre/_torch/inductor.py``); each one hands tensors of other devices to Inductor's own lowering.
+Whole ops become :class:`SpyreExternKernel` nodes, whose ``codegen`` defines a whole-op kernel spec
+(``kernel_ir.extern_kernel_spec``) in the wrapper.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._torch import inductor as torch_inductor
+
+DEVICE = "spyre"
+
+MATMUL_KINDS = {"mm": 2, "bmm": 2, "addmm": 3, "baddbmm": 3}
+
+
+def _make_extern_node():
+    from . import kernel_ir
+
+    class SpyreExternKernel(torch_inductor.ExternKernelOutBase):
+        """One whole-op spyre kernel: ``inputs`` in the order of ``roles``, the output is role ``out``."""
+
+        def __init__(self, layout, inputs, generator: str, roles: list[str], params: dict[str, Any], label: str):
+            super().__init__(layout, inputs, python_kernel_name=f"spyre_{label}")
+            self.spyre_generator, self.spyre_roles, self.spyre_params, self.spyre_label = generator, roles, params, label
+
+        def codegen(self, wrapper) -> None:
+            refs = {r: x.codegen_reference() for r, x in zip(self.spyre_roles, self.inputs)}
+            refs["out"] = self.get_name()
+            spec = kernel_ir.extern_kernel_spec(
+                wrapper.next_spyre_kernel_name_for(self.spyre_label), self.spyre_generator,
+                {r: x for r, x in zip(self.spyre_roles, self.inputs)} | {"out": self},
+                self.spyre_params, self.get_origins(),
+            )
+            wrapper.define_spyre_kernel(spec)
+            wrapper.call_spyre_kernel(spec, refs)
+
+    return SpyreExternKernel
+
+
+def _spyre_lowering(original, lower_fn, name: str):
+    """``lower_fn`` for tensors on spyre, Inductor's own lowering for every other device."""
+
+    def lower(*args, **kwargs):
+        tensors = [a for a in args if torch_inductor.is_ir_node(a)]
+        device = tensors[0].get_device() if tensors else None
+        if device is None or device.type != DEVICE:
+            return original(*args, **kwargs)
+        return lower_fn(*args, **kwargs)
+
+    lower.__name__ = f"spyre_{name}_lowering"
+    return lower
+
+
+def _extern(generator: str, label: str, roles: list[str], inputs, size, dtype, params):
+    stride = [1] * len(size)
+    for d in range(len(size) - 2, -1, -1):
+        stride[d] = stride[d + 1] * size[d + 1]
+    layout = torch_inductor.fixed_layout(inputs[-1].get_device(), dtype, list(size), stride)
+    return torch_inductor.tensor_box(_make_extern_node.cls(layout, inputs, generator, roles, params, label))
+
+
+def _lower_matmul(kind: str):
+    def lower(*args, **kwargs):
+        n_in = MATMUL_KINDS[kind]
+        out_dtype = args[n_in - 1].get_dtype()
+        inputs = [_matmul_operand(torch_inductor.realize_input(_pe_dtype(a, i < n_in - 2)))
+                  for i, a in enumerate(args[:n_in])]
+        beta = kwargs.get("beta", args[n_in] if len(args) > n_in else 1)
+        alpha = kwargs.get("alpha", args[n_in + 1] if len(args) > n_in + 1 else 1)
+        a, b = inputs[-2], inputs[-1]
+        roles = (["bias"] if n_in == 3 else []) + ["a", "b"]
+        size = [*a.get_size()[:-1], b.get_size()[-1]]
+        params = {"kind": kind, "alpha": float(alpha), "beta": float(beta)}
+        if out_dtype == torch.float32:
+            params["note"] = "fp32 operands rounded to DLFloat16 for the PE arrays (fp32 accumulation and output)"
+        return _extern("matmul", kind, roles, inputs, size, out_dtype, params)
+
+    return lower
+
+
+def _pe_dtype(x, is_bias: bool):
+    """The PE arrays multiply 16-bit floats: fp32 matmul operands are rounded to fp16 (DLFloat16 on the
+    card) by a cast kernel; the product still accumulates and is written in fp32. A bias keeps its dtype."""
+
+    if is_bias or x.get_dtype() != torch.float32:
+        return x
+    return torch_inductor.to_dtype(x, torch.float16)
+
+
+def _lower_embedding(weight, indices, *args, **kwargs):
+    w, i = torch_inductor.realize_input(weight), torch_inductor.realize_input(indices)
+    size = [*i.get_size(), w.get_size()[1]]
+    return _extern("gather", "embedding", ["source", "index"], [w, i], size, w.get_dtype(),
+                   {"kind": "embedding", "dim": 0})
+
+
+def _lower_index_select(x, dim, index):
+    src, idx = torch_inductor.realize_input(x), torch_inductor.realize_input(index)
+    dim = dim % max(len(src.get_size()), 1)
+    size = list(src.get_size())
+    size[dim] = idx.get_numel()
+    return _extern("gather", "index_select", ["source", "index"], [src, idx], size, src.get_dtype(),
+                   {"kind": "index_select", "dim": int(dim)})
+
+
+def _lower_index(original):
+    """``x[idx]`` (``aten.index.Tensor`` with one index tensor): an index_select along its dim for a
+    1-d index, an embedding row gather for a 2-d source indexed on dim 0; other forms keep Inductor's
+    lowering (indirect indexing, which the pointwise generator refuses with a clear error)."""
+
+    def lower(x, indices):
+        live = [(d, t) for d, t in enumerate(indices) if t is not None]
+        if len(live) == 1:
+            d, idx = live[0]
+            if len(idx.get_size()) == 1:
+                return _lower_index_select(x, d, idx)
+            if d == 0 and len(x.get_size()) == 2:
+                return _lower_embedding(x, idx)
+        return original(x, indices)
+
+    return lower
+
+
+def _lower_gather(original):
+    """``torch.gather(x, dim, index)`` -> the gather generator: along the last (stick) dim element by
+    element; along another dim as a row gather when the index is constant along every other dim (an
+    expanded index), else on the source and index moved so that ``dim`` is last (copy kernels) and the
+    result moved back (a view). 0-d sources and empty indices keep Inductor's lowering."""
+
+    def lower(x, dim, index, sparse_grad=False):
+        rank = len(x.get_size())
+        if rank == 0 or len(index.get_size()) != rank or index.get_numel() == 0:
+            return original(x, dim, index, sparse_grad)
+        dim = dim % rank
+        idx = torch_inductor.realize_input(index)
+        if dim != rank - 1 and not _varies_only_along(idx, dim):
+            perm = [d for d in range(rank) if d != dim] + [dim]
+            moved = lower(torch_inductor.permute(x, perm), rank - 1, torch_inductor.permute(index, perm))
+            return torch_inductor.permute(moved, [perm.index(d) for d in range(rank)])
+        src = _gather_operand(x, starts_rows=dim != rank - 1)
+        # A row gather reads the index along ``dim`` only (it is constant along the others): as it is.
+        idx = _gather_operand(idx) if dim == rank - 1 else idx
+        return _extern("gather", "gather", ["source", "index"], [src, idx], list(idx.get_size()),
+                       src.get_dtype(), {"kind": "gather", "dim": int(dim)})
+
+    return lower
+
+
+def _varies_only_along(index, dim: int) -> bool:
+    """The index is constant (stride 0) along every dim but ``dim`` of size > 1: an expanded index."""
+    try:
+        return all(int(n) <= 1 or int(st) == 0 for d, (n, st) in enumerate(zip(index.get_size(), index.get_stride()))
+                   if d != dim)
+    except (TypeError, AttributeError, NotImplementedError):
+        return False
+
+
+def _gather_operand(x, starts_rows: bool = False):
+    """What the gather generator reads in place: a view whose last dim is unit-stride and walks one dim
+    of its buffer (sticks of one row evenly spaced). Anything else gets a copy in its own layout.
+    ``starts_rows``: gathered rows must also start at the first lane of a stick (a row gather moves whole
+    sticks), so a view starting inside its buffer's last dim is copied too."""
+
+    # A copy must be frozen contiguous: Inductor would otherwise give a copy kernel the stride order of
+    # what it reads (the transposed order we are copying away from).
+    contiguous = torch_inductor.require_contiguous
+    x = torch_inductor.realize_input(x)
+    try:
+        size, stride = x.get_size(), x.get_stride()
+        if torch_inductor.is_reinterpret_view(x) and not _walks_buffer_dims(x):
+            return contiguous(x)
+        if int(size[-1]) > 1 and int(stride[-1]) != 1:
+            return contiguous(x)
+        if starts_rows and torch_inductor.is_reinterpret_view(x):
+            inner = int(x.data.get_layout().size[-1])
+            if int(x.get_layout().offset) % max(inner, 1):
+                return contiguous(x)
+    except (TypeError, AttributeError, NotImplementedError):  # symbolic sizes: a copy is always readable
+        return contiguous(x)
+    return x
+
+
+def _lower_cumsum(original):
+    """``cumsum`` as a log-step (Hillis-Steele) scan: ceil(log_r(n)) pointwise kernels, step k adding to
+    each element the r - 1 elements j * r^k (0 < j < r) before it along the dim (shifted, masked reads:
+    the pointwise generator reads them as misaligned views, each mask cuts one box). Floats accumulate in
+    fp32, integers in int64 (torch's result dtype for them). Each step is a full pass: right for the
+    short scans models use (positions from an attention mask, a few thousand elements)."""
+
+    ops = torch_inductor.loop_ops()
+
+    def lower(x, axis=None, dtype=None):
+        size = list(x.get_size())
+        if not size or axis is None:
+            return original(x, axis, dtype=dtype)
+        if dtype is None:
+            dtype = torch.int64 if not x.get_dtype().is_floating_point else x.get_dtype()
+        dim = axis % len(size)
+        acc = torch.float32 if dtype.is_floating_point else torch.int64
+        y = torch_inductor.to_dtype(x, acc)
+        step, radix = 1, _scan_radix(int(x.get_numel()))
+        while step < int(size[dim]):
+            y = _scan_step(y, dim, step, radix, ops)
+            step *= radix
+        return torch_inductor.to_dtype(y, dtype)
+
+    return lower
+
+
+def _scan_radix(numel: int) -> int:
+    """Elements summed per scan step. Each step is a kernel (~20 µs fixed cost) reading ``radix``
+    shifted views: 8 for small scans (fewer kernels: [8, 4096] in 4 kernels, 128 µs against 165 µs with
+    4), 4 past 256k elements, where the reads dominate ([256, 4096] fp32: 913 µs against 969 µs with 8)."""
+    return 8 if numel <= 1 << 18 else 4
+
+
+def _scan_step(y, dim: int, step: int, radix: int, ops):
+    """One scan step: out[..., i, ...] = sum over j < radix of y[i - j*step] (0 before the start),
+    realized (the next step reads it shifted)."""
+    load = y.make_loader()
+    dtype = y.get_dtype()
+
+    def earlier(index, j):
+        shifted = list(index)
+        shifted[dim] = index[dim] - j * step
+        exists = ops.ge(ops.index_expr(index[dim], torch.int64), ops.constant(j * step, torch.int64))
+        return ops.masked(exists, lambda: load(shifted), 0)
+
+    def fn(index):
+        total = load(index)
+        for j in range(1, radix):
+            total = ops.add(total, earlier(index, j))
+        return total
+
+    out = torch_inductor.pointwise(y.get_device(), dtype, fn, list(y.get_size()))
+    out.realize()
+    return out
+
+
+def _matmul_operand(x):
+    """A view that merges or splits dims of its buffer (e.g. [B, S, K] seen as [B*S, K]) is not one
+    stride per dim in the stick layout's device order: give the matmul a copy in its own layout (a
+    pointwise kernel). Permutes and slices stay views; the matmul generator reads them as they are."""
+
+    if torch_inductor.is_reinterpret_view(x) and not _walks_buffer_dims(x):
+        return torch_inductor.copy_input(x)
+    return x
+
+
+def _walks_buffer_dims(view) -> bool:
+    """Every view dim (of size > 1) moves along one dim of its buffer's dense host shape, each a
+    different one (what a stick layout can serve as one stride): true of permutes and slices, false of
+    reshapes that merge or split dims (heads split out of a fused projection, batch folded into rows).
+    Symbolic sizes and strides are compared as Inductor's size variables prove them for every value of
+    the symbols (what cannot be proved counts as false: a copy is correct, only slower)."""
+
+    sv = torch_inductor.current_graph().sizevars
+    try:
+        base = view.data.get_layout()
+        host = [(n, st) for n, st in zip(base.size, base.stride) if not sv.statically_known_leq(n, 1)]
+        used: set[int] = set()
+        for n, st in zip(view.get_size(), view.get_stride()):
+            if sv.statically_known_leq(n, 1):
+                continue
+            match = [h for h, (hn, hst) in enumerate(host)
+                     if h not in used and sv.statically_known_equals(hst, st) and sv.statically_known_leq(n, hn)]
+            if not match:
+                return False
+            used.add(match[0])
+        return True
+    except (TypeError, AttributeError):  # unusual layouts: copy to be safe
+        return False
+
+
+def _lower_flash_attention(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """``spyre::flash_attention`` (traced SDPA on spyre, see ``device/sdpa.py``) -> one kernel of the
+    "attention" generator (``codegen/attention/``) reading q/k/v/mask as they lie (views included),
+    writing a fresh contiguous [B, Hq, Lq, Dv]."""
+
+    q, k, v = (_attention_operand(x) for x in (query, key, value))
+    inputs, roles = [q, k, v], ["query", "key", "value"]
+    if attn_mask is not None:
+        inputs.append(_attention_operand(attn_mask))
+        roles.append("attn_mask")
+    B, Hq, Lq, _ = q.get_size()
+    size = [B, Hq, Lq, v.get_size()[-1]]
+    params = {"is_causal": bool(is_causal), "scale": None if scale is None else float(scale),
+              "enable_gqa": bool(enable_gqa), "attn_mask": "attn_mask" if attn_mask is not None else None,
+              "kind": "attention"}
+    return _extern("attention", "sdpa", roles, inputs, size, q.get_dtype(), params)
+
+
+def _attention_operand(x):
+    """The generator reads rows along the stick dim (the last dim, unit stride): a view whose last dim
+    has another stride (e.g. K given as a transpose of K^T) gets a copy in its own layout first."""
+
+    sv = torch_inductor.current_graph().sizevars
+    x = torch_inductor.realize_input(x)
+    try:
+        size, stride = x.get_size(), x.get_stride()
+        # Symbolic: only a last dim proved unit-stride (or of size 1) is read in place.
+        if not (sv.statically_known_leq(size[-1], 1) or sv.statically_known_equals(stride[-1], 1)):
+            return torch_inductor.require_contiguous(x)
+    except (TypeError, AttributeError, NotImplementedError):
+        return torch_inductor.require_contiguous(x)
+    return x
+
+
+def _register_sdpa_lowering() -> None:
+    op = getattr(getattr(torch.ops, "spyre", None), "flash_attention", None)
+    if op is None:  # the device did not define it (torch_spyre.device.sdpa)
+        return
+    torch_inductor.register_lowering(op.default, _lower_flash_attention)
+
+
+def register_lowerings() -> None:
+    """Patch Inductor's lowerings table for the ops above (each keeps Inductor's lowering for other devices)."""
+
+    _make_extern_node.cls = _make_extern_node()
+    aten = torch.ops.aten
+    table = {getattr(aten, k).default: (_lower_matmul(k), k) for k in MATMUL_KINDS}
+    table[aten.embedding.default] = (_lower_embedding, "embedding")
+    table[aten.index_select.default] = (_lower_index_select, "index_select")
+    lowering_for = torch_inductor.lowering_for
+    table[aten.index.Tensor] = (_lower_index(lowering_for(aten.index.Tensor)), "index")
+    table[aten.gather.default] = (_lower_gather(lowering_for(aten.gather.default)), "gather")
+    table[aten.cumsum.default] = (_lower_cumsum(lowering_for(aten.cumsum.default)), "cumsum")
+    for op, (fn, name) in table.items():
+        original = lowering_for(op)
+        if original is None or getattr(original, "__name__", "").startswith("spyre_"):
+            continue
+        torch_inductor.register_lowering(op, _spyre_lowering(original, fn, name))
+    _register_sdpa_lowering()

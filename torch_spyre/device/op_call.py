@@ -1,0 +1,142 @@
+"""One ATen op call on spyre tensors: what its schema says, its arguments in schema order, and the fixes a
+boxed call from C++ needs.
+
+Used by the device's fallback (``fallback.py``) and by whoever runs an op for it, e.g. the compiler's eager
+programs (``compiler/eager.py``), which receive the :class:`OpInfo` the fallback computed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .._torch.device import OpOverload, op_schema
+
+
+def is_spyre(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type == "spyre"
+
+
+def tensors_in(x: Any) -> Iterator[torch.Tensor]:
+    """The tensors in an argument value (ATen arguments nest at most lists/tuples of tensors)."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from tensors_in(y)
+
+
+def flat_tensors(values: Any) -> list[torch.Tensor]:
+    """The tensors in a sequence of argument values, in order."""
+    return [t for v in values for t in tensors_in(v)]
+
+
+def map_tensors(fn: Callable[[torch.Tensor], Any], x: Any) -> Any:
+    """``x`` with ``fn`` applied to each tensor in it (lists/tuples without tensors are kept as they are)."""
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, (list, tuple)) and any(isinstance(y, (torch.Tensor, list, tuple)) for y in x):
+        return type(x)(map_tensors(fn, y) for y in x)
+    return x
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """What running an op needs from its schema, computed once per op (:func:`op_info`)."""
+
+    name: str  # e.g. "add.out"
+    arg_names: tuple[str, ...]
+    defaults: tuple[Any, ...]
+    is_out: tuple[bool, ...]
+    is_write: tuple[bool, ...]
+    returns: tuple[tuple[int | None, bool], ...]  # per return: (aliased argument index, written)
+    generator: tuple[int, bool] | None  # (argument index, kwarg-only) of a Generator? argument
+    is_view: bool
+    tensor_args: tuple[bool, ...]  # arguments of type Tensor (that may arrive as unwrapped Python numbers)
+    returns_only_tensors: bool = False  # every return is a Tensor or Tensor[] (and there is one)
+
+
+_infos: dict[OpOverload, OpInfo] = {}
+
+
+def op_info(op: OpOverload) -> OpInfo:
+    info = _infos.get(op)
+    if info is not None:
+        return info
+    schema = op_schema(op)
+    arguments = schema.arguments
+    returns = []
+    for r in schema.returns:
+        ai = r.alias_info
+        found = None
+        if ai is not None:
+            for i, a in enumerate(arguments):
+                if a.alias_info is not None and a.alias_info.before_set & ai.before_set:
+                    found = i
+                    break
+        returns.append((found, bool(ai is not None and ai.is_write)))
+    generator = None
+    for i, a in enumerate(arguments):
+        if a.name == "generator" and "Generator" in str(a.type):
+            generator = (i, a.kwarg_only)
+    info = OpInfo(
+        name=op.name().removeprefix("aten::"),
+        arg_names=tuple(a.name for a in arguments),
+        defaults=tuple(a.default_value if a.has_default_value() else None for a in arguments),
+        is_out=tuple(bool(a.is_out) for a in arguments),
+        is_write=tuple(bool(a.alias_info is not None and a.alias_info.is_write) for a in arguments),
+        returns=tuple(returns),
+        generator=generator,
+        is_view=bool(returns) and all(i is not None and not w for i, w in returns),
+        tensor_args=tuple(str(a.type) == "Tensor" for a in arguments),
+        returns_only_tensors=(all(str(r.type) in ("Tensor", "Tensor[]") for r in schema.returns)
+                              and bool(schema.returns)),
+    )
+    _infos[op] = info
+    return info
+
+
+def bound_args(info: OpInfo, args: tuple, kwargs: dict) -> list[Any]:
+    """Argument values in schema order (positional, then keyword, then defaults)."""
+    n = len(args)
+    return [args[i] if i < n else kwargs.get(name, info.defaults[i]) for i, name in enumerate(info.arg_names)]
+
+
+def rewrap_numbers(info: OpInfo, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Python numbers in Tensor arguments back to 0-d tensors.
+
+    C++ passes scalars as "wrapped number" tensors (``x % 4`` runs ``remainder.Tensor`` with a wrapped 4),
+    and the boxed call into Python unwraps them to plain numbers, which the op then refuses. The 0-d
+    tensor takes the dtype the scalar would promote to against the op's first tensor, so type promotion is
+    unchanged.
+    """
+    if not any(info.tensor_args):
+        return args, kwargs
+    first = next((t for v in (*args, *kwargs.values()) for t in tensors_in(v)), None)
+
+    def wrap(v):
+        if isinstance(v, (bool, int, float)):
+            dtype = torch.result_type(first, v) if first is not None else None
+            return torch.tensor(v, dtype=dtype)
+        return v
+
+    n = len(args)
+    args = tuple(wrap(v) if i < len(info.tensor_args) and info.tensor_args[i] else v for i, v in enumerate(args))
+    for i, name in enumerate(info.arg_names):
+        if i >= n and info.tensor_args[i] and name in kwargs:
+            kwargs = {**kwargs, name: wrap(kwargs[name])}
+    return args, kwargs
+
+
+def resize_warning(dev: torch.Tensor, host: torch.Tensor) -> None:
+    """The warning the CPU gives for an ``out=`` with elements but the wrong shape (``_resize_output_check``)."""
+    warnings.warn(
+        f"An output with one or more elements was resized since it had shape {list(dev.shape)}, which does not "
+        f"match the required output shape {list(host.shape)}. This behavior is deprecated, and in a future "
+        "PyTorch release outputs will not be resized unless they have zero elements. You can explicitly "
+        "reuse an out tensor t by resizing it, inplace, to zero elements with t.resize_(0).",
+        UserWarning, stacklevel=2,
+    )
