@@ -20,13 +20,6 @@ def test_tables_cover_the_program_op_names():
     assert set(vector_ops.ELEMENTWISE) == UNARY_OPS | BINARY_OPS | TERNARY_OPS
 
 
-def test_executor_private_names_are_the_public_tables():
-    from torch_spyre.card import execute
-
-    assert execute._UNARY is vector_ops.UNARY and execute._BINARY is vector_ops.BINARY
-    assert execute._TERNARY is vector_ops.TERNARY and execute._promote is vector_ops.promote
-
-
 def test_promote_and_compute_follow_torch():
     ints = [np.array([7, -7]), np.array([2, 2])]
     assert vector_ops.compute("floordiv", ints).tolist() == torch.tensor([7, -7]).div(2, rounding_mode="floor").tolist()

@@ -270,16 +270,18 @@ class TensorView:
 def walks_dims(host: Sequence[tuple[Any, Any]], shape: Sequence[Any], strides: Sequence[Any],
                is_one: Callable[[Any], bool] = lambda n: n <= 1,
                equal: Callable[[Any, Any], bool] = lambda a, b: a == b,
-               leq: Callable[[Any, Any], bool] = lambda a, b: a <= b) -> bool:
+               leq: Callable[[Any, Any], bool] = lambda a, b: a <= b, broadcast_ok: bool = True) -> bool:
     """Every view dim (of size > 1, not broadcast) moves along one dim of the allocation's dense host
     shape ``host`` ([(size, stride), ...]), each a different one: what the whole-op generators (matmul,
     gather, attention) can read as one stride per dim. True of permutes and slices; false of views that
     merge or split dims (e.g. [24, 128] over a [2, 12, 128] allocation: heads split out of a fused
     projection, batch folded into rows). The comparisons are parameters so that the compiler can ask the
-    same question of symbolic sizes (as Inductor's size variables prove them)."""
+    same question of symbolic sizes (as Inductor's size variables prove them). ``broadcast_ok``: a
+    stride-0 (broadcast) dim needs no dim of its own; the compiler's lowerings say False, since an
+    Inductor view of a buffer never broadcasts."""
     used: set[int] = set()
     for n, st in zip(shape, strides):
-        if is_one(n) or equal(st, 0):
+        if is_one(n) or (broadcast_ok and equal(st, 0)):
             continue
         match = [h for h, (hn, hst) in enumerate(host) if h not in used and equal(hst, st) and leq(n, hn)]
         if not match:

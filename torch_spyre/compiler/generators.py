@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
+from ..errors import SpyreError
 from .kernel_spec import KernelSpec
 
 # The modules of the built-in generators (pointwise: kernels with generator ""; the others by GENERATOR).
@@ -25,7 +26,7 @@ BUILTIN_GENERATORS = (
 GENERATORS: dict[str, Callable[..., Any]] = {}
 
 
-class GeneratorImportError(ImportError):
+class GeneratorImportError(SpyreError, ImportError):
     """A built-in program generator that could not be imported (the build is broken: the message says which)."""
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .._torch import inductor as torch_inductor
+from .access import walks_dims
 
 DEVICE = "spyre"
 
@@ -260,26 +261,15 @@ def _matmul_operand(x):
 
 
 def _walks_buffer_dims(view) -> bool:
-    """Every view dim (of size > 1) moves along one dim of its buffer's dense host shape, each a
-    different one (what a stick layout can serve as one stride): true of permutes and slices, false of
-    reshapes that merge or split dims (heads split out of a fused projection, batch folded into rows).
-    Symbolic sizes and strides are compared as Inductor's size variables prove them for every value of
-    the symbols (what cannot be proved counts as false: a copy is correct, only slower)."""
-
+    """``access.walks_dims`` of an Inductor view over its buffer, with sizes and strides compared as
+    Inductor's size variables prove them for every value of the symbols (what cannot be proved counts as
+    false: a copy is correct, only slower)."""
     sv = torch_inductor.current_graph().sizevars
     try:
         base = view.data.get_layout()
-        host = [(n, st) for n, st in zip(base.size, base.stride) if not sv.statically_known_leq(n, 1)]
-        used: set[int] = set()
-        for n, st in zip(view.get_size(), view.get_stride()):
-            if sv.statically_known_leq(n, 1):
-                continue
-            match = [h for h, (hn, hst) in enumerate(host)
-                     if h not in used and sv.statically_known_equals(hst, st) and sv.statically_known_leq(n, hn)]
-            if not match:
-                return False
-            used.add(match[0])
-        return True
+        return walks_dims(list(zip(base.size, base.stride)), view.get_size(), view.get_stride(),
+                          is_one=lambda n: sv.statically_known_leq(n, 1), equal=sv.statically_known_equals,
+                          leq=sv.statically_known_leq, broadcast_ok=False)
     except (TypeError, AttributeError):  # unusual layouts: copy to be safe
         return False
 

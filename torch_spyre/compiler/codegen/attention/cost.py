@@ -81,7 +81,7 @@ def _dram_seconds(cfg: CardConfig, spec: AttentionSpec, dims: _Dims, t: Tiling, 
 
 # PE/vector work and DRAM traffic overlap imperfectly (they contend for the same blocks' buffers): the
 # estimate charges the smaller of the two at this weight on top of the larger. Calibrated against
-# card/timing.py on the benchmark shapes (benchmarks/attention.py), where it ranks tilings correctly.
+# card/timing/ on the benchmark shapes (benchmarks/attention.py), where it ranks tilings correctly.
 OVERLAP_PENALTY = 0.5
 
 
