@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+
+import pytest
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "torch_spyre"
@@ -162,3 +164,31 @@ def test_the_scan_finds_each_kind_of_use(tmp_path):
     found = private_uses(path)
     lines = sorted(int(f.split(":")[1]) for f in found)
     assert lines == [1, 2, 3, 4, 5, 6], found
+
+
+def test_cheap_sample_tracking_answers_as_torch_does_and_restores_it():
+    """The eager sweep's faster stand-in for torch's extract_test_fn gives torch's answer (inside a
+    unittest test and outside one), and torch's function is back afterwards."""
+    import unittest
+
+    pytest.importorskip("expecttest")
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.opinfo import core
+
+    from torch_spyre._torch import testing
+
+    original = common_utils.extract_test_fn
+
+    class Case(unittest.TestCase):
+        def test_probe(self):
+            self.answers = (common_utils.extract_test_fn(), core.extract_test_fn())
+
+    with testing.cheap_sample_tracking():
+        assert common_utils.extract_test_fn is testing._test_fn_from_frames is core.extract_test_fn
+        assert common_utils.extract_test_fn() is None is original()
+        case = Case("test_probe")
+        case.test_probe()
+    assert case.answers == (Case.test_probe, Case.test_probe)
+    case.test_probe()  # torch's own, restored
+    assert case.answers == (Case.test_probe, Case.test_probe)
+    assert common_utils.extract_test_fn is original and core.extract_test_fn is original

@@ -229,9 +229,13 @@ def opinfo_case(opinfo) -> dict[str, object]:
 
 
 def opinfo_sweep(log=None) -> dict[str, dict[str, object]]:
-    from .._torch.testing import opinfo_database
+    from .._torch.testing import cheap_sample_tracking, opinfo_database
 
-    op_db = opinfo_database()
+    with cheap_sample_tracking():
+        return _opinfo_sweep(opinfo_database(), log)
+
+
+def _opinfo_sweep(op_db: list, log) -> dict[str, dict[str, object]]:
     os.environ["TORCH_SPYRE_EAGER"] = "compile"
     out = {}
     for opinfo in op_db:
