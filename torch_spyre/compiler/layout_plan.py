@@ -131,11 +131,11 @@ class LayoutPlan:
 def dense_host_dims(size: tuple[int, ...], stride: tuple[int, ...]) -> list[tuple[int, int]] | None:
     """The dense host shape of a buffer as (extent, stride) per host dim, outermost first (size-1 dims
     dropped, as ``device.tensor.layout_for`` does); None for a buffer that is not dense."""
-    from ..device.tensor import _dense_order
+    from ..device.tensor import dense_order
 
     if len(size) != len(stride):  # Inductor gives some eager out= buffers a layout of another rank
         return None
-    order = _dense_order(size, stride)
+    order = dense_order(size, stride)
     return None if order is None else [(size[d], stride[d]) for d in order]
 
 

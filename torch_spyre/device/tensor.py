@@ -32,7 +32,7 @@ from . import cards, dtypes, storage
 
 
 # --- layouts -----------------------------------------------------------------------------------
-def _dense_order(size: Sequence[int], stride: Sequence[int]) -> list[int] | None:
+def dense_order(size: Sequence[int], stride: Sequence[int]) -> list[int] | None:
     """Dims (of size > 1) by decreasing stride if ``size``/``stride`` is dense and non-overlapping, else None."""
     dims = [d for d in range(len(size)) if size[d] != 1]
     order = sorted(dims, key=lambda d: -stride[d])
@@ -46,7 +46,7 @@ def _dense_order(size: Sequence[int], stride: Sequence[int]) -> list[int] | None
 
 def is_dense(size: Sequence[int], stride: Sequence[int]) -> bool:
     """True if the geometry covers a block of memory exactly once (any dim order)."""
-    return _dense_order(size, stride) is not None
+    return dense_order(size, stride) is not None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -63,7 +63,7 @@ def layout_for(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -
     1-D layout of the storage's required elements.
     """
     ddt = dtypes.device_dtype(dtype)
-    order = _dense_order(size, stride)
+    order = dense_order(size, stride)
     if order is not None:
         return stick_layout(tuple(int(size[d]) for d in order), -1, ddt)
     needed = 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(s > 0 for s in size) else 0
@@ -255,7 +255,7 @@ class TensorLayout:
         if self.stick_layout is None:
             return True
         return (self.storage_offset == 0 and math.prod(self.size) == self.stick_layout.numel
-                and _dense_order(self.size, self.stride) is not None)
+                and dense_order(self.size, self.stride) is not None)
 
     def __str__(self) -> str:
         base = self.stick_layout.describe() if self.stick_layout else "no allocation"
