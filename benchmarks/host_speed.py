@@ -33,6 +33,7 @@ import json  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
@@ -41,20 +42,12 @@ import torch  # noqa: E402
 import torch_spyre  # noqa: E402, F401
 from torch_spyre.jobs import embed as job  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from benchmarks.eager import median_seconds  # noqa: E402
+
 
 def _sync() -> None:
     torch.spyre.synchronize()
-
-
-def median_seconds(fn: Callable[[], Any], repeat: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
 
 
 def row(name: str, spyre_s: float, cpu_s: float, target: float | None, baseline: str) -> dict[str, Any]:
@@ -84,7 +77,7 @@ def minilm_compiled(repeat: int) -> dict[str, Any]:
     on_spyre()  # compiles
     first = time.perf_counter() - t0
     spyre_s = median_seconds(on_spyre, repeat, warmup=0)
-    cpu_s = median_seconds(on_cpu, repeat)
+    cpu_s = median_seconds(on_cpu, repeat, warmup=1)
     out = row("compiled MiniLM forward (batch 8, seq 128)", spyre_s, cpu_s, 5.0, "CPU eager fp32")
     out["first_call_s"] = first
     return out
