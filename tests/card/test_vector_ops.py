@@ -41,3 +41,28 @@ def test_encode_decode_round_trip(dtype):
     expected = {"dlfloat16": round_float32(values), "float32": values,
                 "int32": np.trunc(values), "bool": values != 0}[dtype]
     assert np.array_equal(decoded, expected)
+
+
+@pytest.mark.parametrize("op", sorted(set(vector_ops.ELEMENTWISE) - vector_ops.POSITION_DEPENDENT_OPS))
+def test_ops_not_listed_position_dependent_give_the_same_bits_anywhere_in_an_array(op):
+    """The fast executor computes these over several cores' tensors at once: an element's result must
+    not depend on where it sits in the array (torch's kernels, e.g. sigmoid, round a tail differently)."""
+    rng = np.random.default_rng(1)
+    arity = 1 if op in vector_ops.UNARY else 2 if op in vector_ops.BINARY else 3
+    values = [(rng.standard_normal(4099) * 4).astype(np.float32) for _ in range(arity)]
+    whole = vector_ops.compute(op, values)
+    for start in range(0, 200, 13):
+        part = vector_ops.compute(op, [v[start:start + 19].copy() for v in values])
+        np.testing.assert_array_equal(part.view(np.uint8), whole[start:start + 19].view(np.uint8), err_msg=op)
+
+
+def test_position_dependent_list_is_needed():
+    """At least one listed op really does give other bits in an array's tail (else drop the list)."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(4099) * 4).astype(np.float32)
+    differs = []
+    for op in sorted(vector_ops.POSITION_DEPENDENT_OPS):
+        whole = vector_ops.compute(op, [x])
+        parts = np.concatenate([vector_ops.compute(op, [x[s:s + 19].copy()]) for s in range(0, 4080, 19)])
+        differs.append(not np.array_equal(parts.view(np.uint32), whole[:parts.size].view(np.uint32)))
+    assert any(differs)

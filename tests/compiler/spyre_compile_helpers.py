@@ -47,14 +47,31 @@ def run_compiled(fn, *args, dynamic=False):
     fresh()
     dev = [a.to("spyre") if isinstance(a, torch.Tensor) else a for a in args]
     compiled = torch.compile(fn, dynamic=dynamic)
-    compiled(*dev)  # compiles (constant folding may run eager device ops), prepares the programs
+    # The first call compiles (constant folding may run eager device ops), prepares the programs and
+    # runs them on the checked executor, which proves them; the second runs them on the fast executor.
+    first = _as_tuple(compiled(*dev))
+    first = [o.cpu() if isinstance(o, torch.Tensor) else o for o in first]
     wrapper.reset_host_fallback_stats()
     torch_spyre.reset_fallback_stats()
     out = compiled(*dev)  # what is checked: a call of the compiled graph
-    outs = out if isinstance(out, (tuple, list)) else (out,)
+    outs = _as_tuple(out)
     for o in outs:
         assert o.device.type == "spyre", f"compiled result on {o.device}"
-    return type(out)(o.cpu() for o in outs) if isinstance(out, (tuple, list)) else out.cpu()
+    cpu = [o.cpu() for o in outs]
+    for k, (a, b) in enumerate(zip(first, cpu)):
+        assert same_bits(a, b), f"output {k}: the fast executor's bits differ from the checked executor's"
+    return type(out)(cpu) if isinstance(out, (tuple, list)) else cpu[0]
+
+
+def _as_tuple(out):
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal dtype, shape and bytes (NaN payloads included)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
 
 
 def check(fn, *args, tol=None, ref_dtype=torch.float32):

@@ -15,7 +15,9 @@ and each :func:`launch` only does what depends on the arguments:
    enough, aligned, live memory on this card) that raise :class:`BindingError` before anything changes;
 2. compute the patch set, vectorized: ``base[operand index] + offset``;
 3. apply it into the prepared address arrays (one scatter), execute functionally, and advance the
-   stream's simulated clock by the prepared timing.
+   stream's simulated clock by the prepared timing. The first launch runs the checked executor, which
+   proves the program's data-independent properties; later launches run the fast one
+   (``card.execute.proof``).
 
 IBM's runtime does step 3 on the device (a correction blob DMA'd to the program region, applied by a
 prologue); here the "program region" is the prepared address arrays.
@@ -31,7 +33,7 @@ from typing import Any, Mapping, Union
 import numpy as np
 
 from ..errors import SpyreError
-from ..card.execute import dram_addr, execute
+from ..card.execute import ProvedExecutor, dram_addr
 from ..card.memory import Allocation, InvalidAddressError
 from ..card.timing import time_program
 from ..card.validate import validate
@@ -97,6 +99,8 @@ class PreparedProgram:
     patches: PatchTable
     dma_addresses: dict[int, np.ndarray]  # core -> int64 per instruction (views into _flat)
     _flat: np.ndarray
+    # Runs the program: checked at the first launch (which proves it), fast at the later ones.
+    executor: ProvedExecutor
     # The timing figures every launch reports, summarized once (details of each WorkRecord).
     kernel_details: dict[str, Any] = field(default_factory=dict)
     launches: int = 0
@@ -136,6 +140,7 @@ def prepare(program: Program, card: Any) -> PreparedProgram:
         patches=patches,
         dma_addresses=per_core,
         _flat=flat,
+        executor=ProvedExecutor(program, card, names),
         kernel_details=_kernel_details(program, timing),
     )
 
@@ -271,7 +276,7 @@ def launch(prepared: PreparedProgram, bindings: Mapping[str, Binding], stream: _
     patch = compute_patch(prepared, bases)  # step 2
     with prepared._lock:  # the address arrays are shared by every launch of this prepared program
         apply_patch(prepared, patch)  # step 3
-        stats = execute(card, prepared.program, prepared.dma_addresses)
+        stats = prepared.executor.run(prepared.dma_addresses, bases, prepared.operand_nbytes)
         prepared.launches += 1
     launch_id = next(_launch_ids)
     rec = stream.enqueue(prepared.name, prepared.duration, kind="kernel", resource="compute",

@@ -19,11 +19,17 @@ Cores run one at a time, each until it blocks on Wait/RingRecv/Barrier, round-ro
 its bytes into the destination scratchpad at once but marks them written only when the receiver's
 RingRecv completes: until then the receiver may neither read nor write them.
 
+That is the *checked* executor, the reference. Once a checked run has proved a program (none of its
+checks depends on data), later runs of it go to the *fast* executor (``fast``, ``schedule``), which
+gives the same bits with a few array operations per lockstep round; ``proof`` decides which runs where
+(``TORCH_SPYRE_CHECK=1`` checks every run, ``=compare`` runs both and compares).
+
 Time is not computed here (see card/timing); :class:`ExecutionStats` only counts work.
 
 Modules: ``driver`` (the run loop, deadlocks, ``execute``, ``resolve_addresses``), ``dma`` (the DMA
 engine), ``compute`` (PE arrays and vector unit), ``ring`` (ring and sync), ``access`` (scratchpad
-bounds and written-byte checks), ``races`` (the device-memory race check), ``state`` (per-core state,
+bounds and written-byte checks), ``races`` (the device-memory race check), ``proof`` (checked or fast), ``schedule`` and ``fast`` (the
+fast executor), ``state`` (per-core state,
 scratchpads, ``ExecutionError``), ``stats`` (``ExecutionStats``). The vector ops' semantics are
 :mod:`torch_spyre.card.vector_ops`.
 """
@@ -31,10 +37,13 @@ scratchpads, ``ExecutionError``), ``stats`` (``ExecutionStats``). The vector ops
 from ...program import dram_addr
 from ..vector_ops import BOOL_RESULT_OPS, FLOAT_DTYPES, FLOAT_RESULT_OPS, NP_DTYPES
 from .driver import execute, resolve_addresses
+from .fast import FastPlan
+from .proof import CHECK_ENV, FastExecutionMismatch, ProvedExecutor, check_mode
 from .state import ExecutionError
 from .stats import ENGINES, ExecutionStats
 
 __all__ = [
-    "BOOL_RESULT_OPS", "ENGINES", "ExecutionError", "ExecutionStats", "FLOAT_DTYPES", "FLOAT_RESULT_OPS",
-    "NP_DTYPES", "dram_addr", "execute", "resolve_addresses",
+    "BOOL_RESULT_OPS", "CHECK_ENV", "ENGINES", "ExecutionError", "ExecutionStats", "FLOAT_DTYPES",
+    "FLOAT_RESULT_OPS", "FastExecutionMismatch", "FastPlan", "NP_DTYPES", "ProvedExecutor", "check_mode",
+    "dram_addr", "execute", "resolve_addresses",
 ]

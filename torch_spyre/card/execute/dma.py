@@ -10,6 +10,23 @@ from ..memory import InvalidAddressError
 from .state import CoreState, DeviceAccess
 
 
+def gather_index_problem(index: np.ndarray, ins: DmaGather, program) -> str | None:
+    """Why a gather cannot use these (decoded) index values, or None. Depends on data: checked at every
+    launch, by the fast executor too."""
+    if index.dtype.kind != "i":
+        return f"gather index must be an integer tensor, got {ins.index.dtype}"
+    bad = np.flatnonzero((index < 0) | (index >= ins.num_rows))
+    if not bad.size:
+        return None
+    origin = ""
+    g = program.metadata.get("gather")  # which tensors the gather reads, when the compiler recorded it
+    if isinstance(g, dict) and "index_operand" in g:
+        origin = (f"; the index tensor is %{g['index_operand']}, whose values must be valid rows of "
+                  f"%{g.get('source_operand', '?')} along dim {g.get('dim', 0)}")
+    return (f"gather index {int(index[bad[0]])} at position {int(bad[0])} is outside "
+            f"[0, {ins.num_rows}) ({bad.size} indices out of range){origin}")
+
+
 class DmaEngine:
     """Mixed into the execution; uses its ``card``, ``program``, ``stats``, ``segments`` and ``accesses``."""
 
@@ -69,22 +86,11 @@ class DmaEngine:
         self.stats._add(self.stats.dma_write_bytes, st.id, ins.pattern.nbytes)
         return True
 
-    def _gather_origin(self) -> str:
-        """Which tensors a gather reads, when the compiler recorded it (program.metadata["gather"])."""
-        g = self.program.metadata.get("gather")
-        if not isinstance(g, dict) or "index_operand" not in g:
-            return ""
-        return (f"; the index tensor is %{g['index_operand']}, whose values must be valid rows of "
-                f"%{g.get('source_operand', '?')} along dim {g.get('dim', 0)}")
-
     def _dma_gather(self, st: CoreState, ins: DmaGather) -> bool:
         index = self._read(st, ins.index, "index").reshape(-1)
-        if index.dtype.kind != "i":
-            raise self._fail(st, f"gather index must be an integer tensor, got {ins.index.dtype}")
-        bad = np.flatnonzero((index < 0) | (index >= ins.num_rows))
-        if bad.size:
-            raise self._fail(st, f"gather index {int(index[bad[0]])} at position {int(bad[0])} is outside "
-                                 f"[0, {ins.num_rows}) ({bad.size} indices out of range){self._gather_origin()}")
+        problem = gather_index_problem(index, ins, self.program)
+        if problem:
+            raise self._fail(st, problem)
         row_bytes = ins.row_sticks * STICK_BYTES
         n = index.size
         self._check_span(st, ins.sp_offset, ins.sp_offset + n * row_bytes, "the gather destination")

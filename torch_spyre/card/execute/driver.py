@@ -181,7 +181,7 @@ def _waiting_for(ins: Instruction) -> str:
 _POOL_CONTROLLER: Any = None
 
 
-def _single_threaded_pools() -> contextlib.AbstractContextManager:
+def single_threaded_pools() -> contextlib.AbstractContextManager:
     """Run BLAS and OpenMP (torch's CPU kernels) on one thread while executing. Each core's tiles are
     small, and thread pools on a busy machine spin against other processes: measured 20x slower for
     the 1024^3 program's 32 GEMMs (250 ms instead of 12 ms, 2 cores shared) and 400x for torch's gelu
@@ -203,5 +203,5 @@ def execute(card: Any, program: Program, dma_addresses: dict[int, np.ndarray]) -
     """Run ``program`` on ``card``. ``dma_addresses[core][i]`` is the absolute device address of
     instruction i's DRAM side (ignored for non-DMA instructions). Raises :class:`ExecutionError`."""
     pads = scratchpads(card)
-    with pads.lock, _single_threaded_pools():  # one execution at a time per card: they share the scratchpads
+    with pads.lock, single_threaded_pools():  # one execution at a time per card: they share the scratchpads
         return Execution(card, program, dma_addresses).run()

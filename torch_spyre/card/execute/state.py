@@ -29,24 +29,23 @@ def stick_slice(lo: int, hi: int) -> slice:
 
 
 # Scratchpads are kept per card across executions: allocating 2 MiB x 32 per launch costs more than the
-# typical kernel's work.
+# typical kernel's work. All cores' scratchpads are rows of one block, so that the fast executor can view
+# one instruction's tensor on several cores as one strided array (a core's row is ``block[core]``).
 class Scratchpads:
-    def __init__(self, nbytes: int):
+    def __init__(self, nbytes: int, num_cores: int):
         self.nbytes = nbytes
-        self.data: dict[int, np.ndarray] = {}
-        self.written: dict[int, np.ndarray] = {}  # per byte: written in this execution
-        self.dirty_hi: dict[int, int] = {}  # written-mask bytes below this may be set
+        self.num_cores = num_cores
+        self.block = np.zeros((num_cores, nbytes), dtype=np.uint8)  # pages are mapped on first touch
+        self.written_block = np.zeros((num_cores, nbytes), dtype=np.bool_)  # per byte: written in this execution
+        self.dirty_hi = [0] * num_cores  # written-mask bytes below this may be set
         self.lock = threading.Lock()
 
     def get(self, core: int) -> tuple[np.ndarray, np.ndarray]:
-        if core not in self.data:
-            self.data[core] = np.zeros(self.nbytes, dtype=np.uint8)
-            self.written[core] = np.zeros(self.nbytes, dtype=np.bool_)
-            self.dirty_hi[core] = 0
+        """Core ``core``'s scratchpad and written-mask, the mask cleared for a new checked execution."""
         # A new execution starts with nothing written: clear only what the last one dirtied.
-        self.written[core][: self.dirty_hi[core]] = False
+        self.written_block[core, : self.dirty_hi[core]] = False
         self.dirty_hi[core] = 0
-        return self.data[core], self.written[core]
+        return self.block[core], self.written_block[core]
 
 
 _SCRATCHPADS: "weakref.WeakKeyDictionary[Any, Scratchpads]" = weakref.WeakKeyDictionary()
@@ -57,8 +56,9 @@ def scratchpads(card: Any) -> Scratchpads:
     """The card's scratchpads (made on first use, remade if the configured size changed)."""
     with _SCRATCHPADS_LOCK:
         sp = _SCRATCHPADS.get(card)
-        if sp is None or sp.nbytes != card.config.scratchpad_bytes:
-            sp = Scratchpads(card.config.scratchpad_bytes)
+        cfg = card.config
+        if sp is None or (sp.nbytes, sp.num_cores) != (cfg.scratchpad_bytes, cfg.num_cores):
+            sp = Scratchpads(cfg.scratchpad_bytes, cfg.num_cores)
             _SCRATCHPADS[card] = sp
         return sp
 

@@ -1,0 +1,327 @@
+"""The fast executor gives bit for bit what the checked executor gives, and runs only proved programs.
+
+Each comparison runs a program checked and fast from the same device memory and compares every operand
+byte: the hand-written programs (benchmarks/programs.py), hypothesis-generated multi-core programs with
+ring transfers, signals and barriers, and (in tests/compiler/test_fast_zoo.py) every program the zoo's
+models compile to.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from benchmarks.programs import ALL_BUILDERS, encode, operand_layout
+from torch_spyre.card import Card
+from torch_spyre.card.config import load_config
+from torch_spyre.card.execute import (
+    CHECK_ENV,
+    ExecutionError,
+    FastExecutionMismatch,
+    FastPlan,
+    execute,
+    resolve_addresses,
+)
+from torch_spyre.card.execute.proof import overlap_signature
+from torch_spyre.card.execute.schedule import lockstep_rounds
+from torch_spyre.card.validate import validate
+from torch_spyre.errors import SpyreError
+from torch_spyre.program import (
+    Addr,
+    Barrier,
+    DmaGather,
+    DmaLoad,
+    DmaPattern,
+    DmaStore,
+    Elementwise,
+    MatMul,
+    Operand,
+    Program,
+    Reduce,
+    RingRecv,
+    RingSend,
+    Scalar,
+    Signal,
+    SpTensor,
+    Wait,
+)
+from torch_spyre.runtime.launch import launch, prepare
+
+
+@pytest.fixture(scope="module")
+def card() -> Card:
+    return Card(0, load_config(environ={}))
+
+
+def both_ways(card: Card, program: Program, data: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Run ``program`` checked, then fast from the same memory: per operand, (checked bytes, fast bytes)."""
+    validate(program, card.config)
+    allocs = {op.name: card.memory.allocate(op.nbytes) for op in program.operands}
+    try:
+        def load_inputs():
+            for op in program.operands:
+                card.memory.write(allocs[op.name].address, data.get(op.name, np.zeros(op.nbytes, np.uint8)))
+
+        addresses = resolve_addresses(program, {n: a.address for n, a in allocs.items()})
+        load_inputs()
+        execute(card, program, addresses)
+        checked = {n: a.buffer[: op.nbytes].copy() for (n, a), op in zip(allocs.items(), program.operands)}
+        load_inputs()
+        FastPlan(program, card).run(card.memory, addresses)
+        return {n: (checked[n], a.buffer[: op.nbytes].copy()) for (n, a), op in zip(allocs.items(), program.operands)}
+    finally:
+        for a in allocs.values():
+            card.memory.free(a)
+
+
+def assert_identical(results: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    for name, (checked, fast) in results.items():
+        if not np.array_equal(checked, fast):
+            at = int(np.flatnonzero(checked != fast)[0])
+            raise AssertionError(f"operand %{name} differs first at byte {at}: checked {checked[at]}, fast {fast[at]}")
+
+
+@pytest.mark.parametrize("name", sorted(ALL_BUILDERS))
+def test_hand_written_programs_fast_equals_checked(card, name):
+    built = ALL_BUILDERS[name]()
+    inputs = built.make_inputs(0)
+    data = {}
+    for op in built.program.operands:
+        if op.name in inputs:
+            data[op.name] = np.frombuffer(operand_layout(op).pack(encode(inputs[op.name], op.device_dtype)).tobytes(), np.uint8)
+    assert_identical(both_ways(card, built.program, data))
+
+
+def test_spmd_program_runs_as_one_step_per_instruction(card):
+    """32 cores running alike instructions on their own rows: one array operation per instruction,
+    not one per core."""
+    built = ALL_BUILDERS["elementwise"]()
+    per_core = {len(v) for v in built.program.cores.values()}
+    plan = FastPlan(built.program, card)
+    assert len(built.program.cores) == 32 and len(per_core) == 1
+    assert len(plan.steps) == per_core.pop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Hypothesis: random multi-core programs with ring transfers and synchronization
+# ---------------------------------------------------------------------------------------------
+UNARY = ["exp", "neg", "abs", "relu", "tanh", "sigmoid", "gelu", "silu", "sqrt", "square", "erf", "round"]
+BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "lt"]
+ROWS, LANES = 4, 64  # one operand row block per core: ROWS x 64 dlfloat16 = ROWS sticks
+
+
+@st.composite
+def programs(draw):
+    """Cores 0..n-1 (or every other core) each load their rows of %x, compute a random chain (with
+    matmul and reduce), optionally pass a result to the next core over the ring, and store to %y."""
+    n = draw(st.integers(1, 6))
+    spread = draw(st.sampled_from([1, 2, 5]))
+    cores = [c * spread for c in range(n)]
+    dtype = draw(st.sampled_from(["dlfloat16", "float32"]))
+    lanes = LANES if dtype == "dlfloat16" else 32
+    isz = 128 // lanes
+    chain = draw(st.lists(st.one_of(st.sampled_from(UNARY), st.sampled_from(BINARY), st.just("matmul"),
+                                    st.just("reduce")), min_size=1, max_size=5))
+    ring = n > 1 and draw(st.booleans())
+    barrier = draw(st.booleans())
+    width = draw(st.integers(1, lanes))  # compute on the first `width` lanes: odd sizes, array tails
+    shape, strides = (ROWS, width), (lanes, 1)
+    nbytes_block = ROWS * 128
+    x = Operand("x", n * nbytes_block * 2)
+    y = Operand("y", n * nbytes_block, access="out")
+    a = SpTensor(0, dtype, shape, strides)
+    b = SpTensor(nbytes_block, dtype, shape, strides)
+    inbox = SpTensor(4 * nbytes_block, dtype, shape, strides)
+    red = SpTensor(6 * nbytes_block, dtype, (ROWS, 1))
+    prog = {}
+    for k, c in enumerate(cores):
+        ins = [DmaLoad(Addr("x", 2 * k * nbytes_block), 0, DmaPattern.contiguous(ROWS)),
+               DmaLoad(Addr("x", (2 * k + 1) * nbytes_block), nbytes_block, DmaPattern.contiguous(ROWS))]
+        for op in chain:
+            if op == "matmul":
+                sq = SpTensor(2 * nbytes_block, dtype, (ROWS, ROWS))
+                ins.append(MatMul(sq, a, SpTensor(b.offset, dtype, (width, ROWS), (1, lanes))))
+                ins.append(MatMul(a, sq, b))
+            elif op == "reduce":
+                ins.append(Reduce("max", red, a, axis=1))
+                ins.append(Elementwise("sub", a, (a, SpTensor(red.offset, dtype, shape, (1, 0)))))
+            elif op in UNARY:
+                ins.append(Elementwise(op, a, (a,)))
+            else:
+                ins.append(Elementwise(op, a, (a, b if draw(st.booleans()) else Scalar(0.5))))
+        if ring:
+            dst, src = cores[(k + 1) % n], cores[(k - 1) % n]
+            ins += [RingSend(dst, 0, inbox.offset, nbytes_block, tag=1), RingRecv(src, tag=1),
+                    Elementwise("add", a, (a, inbox))]
+        if barrier:
+            ins.append(Barrier(7, tuple(cores)))
+        ins.append(DmaStore(Addr("y", k * nbytes_block), 0, DmaPattern.contiguous(ROWS)))
+        if n > 1 and k == 0:
+            ins.insert(1, Signal(cores[1], tag=3))
+        if n > 1 and k == 1:
+            ins.insert(0, Wait(cores[0], tag=3))
+        prog[c] = ins
+    seed = draw(st.integers(0, 2**16))
+    return Program(f"random_{n}_{dtype}", [x, y], prog), seed, dtype, isz
+
+
+def _random_bytes(nbytes: int, dtype: str, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal(nbytes // 4).astype(np.float32) * 3
+    if dtype == "dlfloat16":
+        from torch_spyre.card.dlfloat16 import from_float32
+        bits = from_float32(rng.standard_normal(nbytes // 2).astype(np.float32) * 3)
+        return bits.view(np.uint8)
+    return values.view(np.uint8)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs())
+def test_random_programs_fast_equals_checked(card, case):
+    program, seed, dtype, _ = case
+    x = program.operands[0]
+    assert_identical(both_ways(card, program, {"x": _random_bytes(x.nbytes, dtype, seed)}))
+
+
+def test_lockstep_rounds_put_synchronized_work_in_later_rounds():
+    """Core 1 waits for core 0's signal: its store lands in a later round than core 0's store."""
+    p = DmaPattern.contiguous(1)
+    prog = Program("handoff", [Operand("y", 256, access="out")], {
+        0: [DmaLoad(Addr("y", 0), 0, p), DmaStore(Addr("y", 0), 0, p), Signal(1, tag=0)],
+        1: [Wait(0, tag=0), DmaLoad(Addr("y", 0), 0, p), DmaStore(Addr("y", 128), 0, p)],
+    })
+    rounds = lockstep_rounds(prog)
+    where = {m: r for r, groups in enumerate(rounds) for g in groups for m in g.members}
+    assert where[(1, 1)] > where[(0, 1)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the runtime: the first launch proves, later ones run fast; what depends on data is checked
+# ---------------------------------------------------------------------------------------------
+def _gather_program(num_rows: int = 4) -> Program:
+    idx = SpTensor(0, "int64", (2,))
+    return Program("gather", [Operand("idx", 128), Operand("table", num_rows * 128), Operand("out", 256, access="out")], {
+        0: [DmaLoad(Addr("idx", 0), 0, DmaPattern.contiguous(1)),
+            DmaGather(Addr("table", 0), idx, row_stride=128, row_sticks=1, sp_offset=128, num_rows=num_rows),
+            DmaStore(Addr("out", 0), 128, DmaPattern.contiguous(2))],
+    })
+
+
+def _launch_gather(card, prepared, indices):
+    idx, table, out = (card.memory.allocate(n) for n in (128, 512, 256))
+    try:
+        raw = np.zeros(16, np.int64)
+        raw[:2] = indices
+        card.memory.write(idx.address, raw.view(np.uint8))
+        card.memory.write(table.address, np.repeat(np.arange(4, dtype=np.uint8), 128))
+        launch(prepared, {"idx": idx, "table": table, "out": out})
+        return card.memory.read(out.address, 256).copy()
+    finally:
+        for a in (idx, table, out):
+            card.memory.free(a)
+
+
+def test_first_launch_is_checked_later_ones_fast(card, monkeypatch):
+    monkeypatch.delenv(CHECK_ENV, raising=False)
+    prepared = prepare(_gather_program(), card)
+    first = _launch_gather(card, prepared, [3, 1])
+    assert prepared.executor.plan is None and prepared.executor.proved
+    second = _launch_gather(card, prepared, [3, 1])
+    assert prepared.executor.plan is not None
+    np.testing.assert_array_equal(first, second)
+    assert list(second[::128]) == [3, 1]
+
+
+def test_gather_indices_are_checked_on_every_launch(card, monkeypatch):
+    monkeypatch.delenv(CHECK_ENV, raising=False)
+    prepared = prepare(_gather_program(), card)
+    _launch_gather(card, prepared, [0, 1])
+    with pytest.raises(ExecutionError, match=r"gather index 9 at position 1 is outside \[0, 4\)"):
+        _launch_gather(card, prepared, [2, 9])
+    assert prepared.executor.plan is not None  # raised by the fast executor
+
+
+def test_integer_division_by_zero_is_checked_on_every_launch(card, monkeypatch):
+    monkeypatch.delenv(CHECK_ENV, raising=False)
+    t = SpTensor(0, "int32", (32,))
+    u = SpTensor(128, "int32", (32,))
+    prog = Program("idiv", [Operand("a", 256), Operand("out", 128, access="out")], {
+        c: [DmaLoad(Addr("a", 0), 0, DmaPattern.contiguous(2)), Elementwise("floordiv", t, (t, u)),
+            DmaStore(Addr("out", 0), 0, DmaPattern.contiguous(1))] if c == 0 else [] for c in (0,)})
+    prepared = prepare(prog, card)
+    a, out = card.memory.allocate(256), card.memory.allocate(128)
+    try:
+        card.memory.write(a.address, np.ones(64, np.int32).view(np.uint8))
+        launch(prepared, {"a": a, "out": out})
+        launch(prepared, {"a": a, "out": out})
+        assert prepared.executor.plan is not None
+        card.memory.write(a.address + 128, np.zeros(32, np.int32).view(np.uint8))
+        with pytest.raises(ExecutionError, match="integer floordiv by zero"):
+            launch(prepared, {"a": a, "out": out})
+    finally:
+        card.memory.free(a)
+        card.memory.free(out)
+
+
+def _copy_two_cores() -> Program:
+    """Core 0 copies %src's first stick to %dst; core 1 reads %src's second stick into %dst's second."""
+    p = DmaPattern.contiguous(1)
+    return Program("copy2", [Operand("src", 256), Operand("dst", 256, access="out")], {
+        0: [DmaLoad(Addr("src", 0), 0, p), DmaStore(Addr("dst", 0), 0, p)],
+        1: [DmaLoad(Addr("src", 128), 0, p), DmaStore(Addr("dst", 128), 0, p)],
+    })
+
+
+def test_operands_that_overlap_differently_are_checked_again(card, monkeypatch):
+    """Proved with disjoint operands; bound so that core 1's read of %src overlaps core 0's write of
+    %dst, the launch runs checked and finds the race the fast executor would not look for."""
+    monkeypatch.delenv(CHECK_ENV, raising=False)
+    prepared = prepare(_copy_two_cores(), card)
+    block = card.memory.allocate(512)
+    try:
+        for _ in range(2):
+            launch(prepared, {"src": (block.address, 256), "dst": (block.address + 256, 256)})
+        assert prepared.executor.plan is not None
+        with pytest.raises(ExecutionError, match="data race"):
+            launch(prepared, {"src": (block.address + 128, 256), "dst": (block.address, 256)})
+    finally:
+        card.memory.free(block)
+
+
+def test_overlap_signature():
+    b = np.array([0, 256, 512], np.int64)
+    assert overlap_signature(b, np.array([256, 256, 256], np.int64)) == ()
+    assert overlap_signature(b, np.array([300, 256, 256], np.int64)) == ((0, 1),)
+    assert overlap_signature(np.array([512, 0], np.int64), np.array([128, 1024], np.int64)) == ((0, 1),)
+
+
+def test_check_every_launch_never_plans(card, monkeypatch):
+    monkeypatch.setenv(CHECK_ENV, "1")
+    prepared = prepare(_gather_program(), card)
+    for _ in range(3):
+        _launch_gather(card, prepared, [0, 1])
+    assert prepared.executor.plan is None
+
+
+def test_unknown_check_mode_is_a_clear_error(card, monkeypatch):
+    monkeypatch.setenv(CHECK_ENV, "sometimes")
+    prepared = prepare(_gather_program(), card)
+    with pytest.raises(SpyreError, match="TORCH_SPYRE_CHECK='sometimes' is not understood"):
+        _launch_gather(card, prepared, [0, 1])
+
+
+def test_compare_mode_catches_a_fast_executor_that_differs(card, monkeypatch):
+    monkeypatch.setenv(CHECK_ENV, "compare")
+    prepared = prepare(_gather_program(), card)
+    _launch_gather(card, prepared, [0, 1])
+    _launch_gather(card, prepared, [0, 1])  # compared: identical
+    plan = prepared.executor.plan
+
+    def corrupt(memory, dma_addresses):
+        plan.pads.block[0, 128] ^= 1  # flip a bit of the gathered row before it is stored
+
+    plan.steps.insert(2, corrupt)
+    with pytest.raises(FastExecutionMismatch, match="operand %out"):
+        _launch_gather(card, prepared, [0, 1])

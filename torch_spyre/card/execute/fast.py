@@ -1,0 +1,261 @@
+"""The fast executor: a proved program run as a few large array operations, giving bit for bit what the
+checked executor (``driver``) computes.
+
+What the checked executor proves about a program does not depend on the data (bounds, reads of unwritten
+bytes, races, deadlocks), so once one checked run has passed, later runs skip those checks (see
+``proof``). What is left is the work itself, planned once here:
+
+- the data instructions in :func:`~.schedule.lockstep_rounds` order; each round's alike instructions of
+  cores ``c0, c0 + s, c0 + 2s, ...`` (whose device offsets also step evenly) run as *one* numpy operation
+  over a strided view spanning those cores' scratchpads (one block, a row per core);
+- a DMA is one strided copy between that view and the device buffer, whatever the number of cores;
+- DLFloat16 is decoded and rounded once per batched tensor, not per core or per stick.
+
+Bit identity: every batched computation is elementwise in the values it reads (or, for matmul and
+reduce, a stack of independent per-core problems of the checked executor's shapes), except the ops torch
+computes (``vector_ops.POSITION_DEPENDENT_OPS``), which run per core on the checked executor's shapes.
+A single core's instruction uses exactly the checked executor's views. What depends on data is still
+checked: gather indices and integer division by zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ...program import STICK_BYTES, DmaGather, DmaLoad, DmaStore, Elementwise, MatMul, Program, Reduce, RingSend, Scalar, SpTensor
+from .. import vector_ops
+from .dma import gather_index_problem
+from .driver import single_threaded_pools
+from .schedule import Group, lockstep_rounds
+from .state import ExecutionError, Scratchpads, scratchpads
+
+Step = Callable[[Any, dict], None]  # (device memory, dma_addresses) -> None
+
+
+class FastPlan:
+    """A proved program, planned for one card's scratchpads: run it with :meth:`run`."""
+
+    def __init__(self, program: Program, card: Any):
+        self.program = program
+        self.pads: Scratchpads = scratchpads(card)
+        self.steps: list[Step] = []
+        self.rounds = lockstep_rounds(program)
+        for groups in self.rounds:
+            for group in groups:
+                self.steps.extend(self._plan(group))
+
+    def valid_for(self, card: Any) -> bool:
+        """False once the card's scratchpads were remade (another configuration): plan again."""
+        return scratchpads(card) is self.pads
+
+    def run(self, memory: Any, dma_addresses: dict[int, np.ndarray]) -> None:
+        """Execute on device ``memory`` with each DMA's patched address in ``dma_addresses[core][index]``.
+        BLAS on one thread, as in the checked executor: a multi-threaded GEMM may sum in another order."""
+        with self.pads.lock, single_threaded_pools():
+            for step in self.steps:
+                step(memory, dma_addresses)
+
+    # --- planning --------------------------------------------------------------------------------
+    def _plan(self, group: Group) -> list[Step]:
+        members = group.members
+        ins0 = self.program.cores[members[0][0]][members[0][1]]
+        if isinstance(ins0, (DmaLoad, DmaStore)):
+            return self._plan_dma(members)
+        if isinstance(ins0, DmaGather):
+            return [self._gather(c, i) for c, i in members]
+        if isinstance(ins0, RingSend):
+            return [self._ring_send([(c, self.program.cores[c][i].dst_core) for c, i in members], ins0)]
+        if isinstance(ins0, Elementwise) and ins0.op in vector_ops.POSITION_DEPENDENT_OPS:
+            runs = [[m] for m in members]
+        else:
+            runs = even_runs([c for c, _ in members])
+            runs = [[members[j] for j in run] for run in runs]
+        make = {Elementwise: self._elementwise, MatMul: self._matmul, Reduce: self._reduce}[type(ins0)]
+        return [make(run, ins0) for run in runs]
+
+    def _plan_dma(self, members: Sequence[tuple[int, int]]) -> list[Step]:
+        instrs = [self.program.cores[c][i] for c, i in members]
+        ins0 = instrs[0]
+        if not ins0.pattern.sticks:
+            return []
+        strides = ins0.pattern.dram_strides + ins0.pattern.sp_strides
+        if 0 in strides:  # several sticks onto one: keep the checked executor's exact copy, core by core
+            runs = [[j] for j in range(len(members))]
+        else:
+            offsets = [(ins.src if isinstance(ins, DmaLoad) else ins.dst).offset for ins in instrs]
+            runs = even_runs([c for c, _ in members], offsets)
+        return [self._dma([members[j] for j in run], ins0, [instrs[j] for j in run]) for run in runs]
+
+    def _pad_view(self, run: Sequence[tuple[int, int]], offset: int, shape: tuple, strides: tuple,
+                  dtype: np.dtype) -> np.ndarray:
+        """The scratchpad bytes at ``offset`` of every core in ``run`` as one array: (cores, *shape), or
+        just ``shape`` for a single core (the checked executor's own view)."""
+        pads = self.pads
+        c0 = run[0][0]
+        base = c0 * pads.nbytes + offset
+        if len(run) == 1:
+            return np.ndarray(shape, dtype, buffer=pads.block, offset=base, strides=strides)
+        step = (run[1][0] - c0) * pads.nbytes
+        return np.ndarray((len(run), *shape), dtype, buffer=pads.block, offset=base, strides=(step, *strides))
+
+    def _tensor(self, run: Sequence[tuple[int, int]], t: SpTensor) -> np.ndarray:
+        isz = t.itemsize
+        return self._pad_view(run, t.offset, t.shape, tuple(s * isz for s in t.strides), vector_ops.NP_DTYPES[t.dtype])
+
+    # --- DMA ---------------------------------------------------------------------------------------
+    def _dma(self, run, ins0, instrs) -> Step:
+        p = ins0.pattern
+        load = isinstance(ins0, DmaLoad)
+        pad = self._pad_view(run, ins0.sp_offset, (*p.shape, STICK_BYTES), (*p.sp_strides, 1), np.dtype(np.uint8))
+        c0, i0 = run[0]
+        lo = p.span(p.dram_strides)[0]
+        if len(run) == 1:
+            shape, strides, span_lo = (*p.shape, STICK_BYTES), (*p.dram_strides, 1), lo
+        else:
+            offsets = [(ins.src if load else ins.dst).offset for ins in instrs]
+            step = offsets[1] - offsets[0]
+            shape, strides = (len(run), *p.shape, STICK_BYTES), (step, *p.dram_strides, 1)
+            span_lo = lo + min(0, step * (len(run) - 1))
+
+        def dma(memory: Any, dma_addresses: dict) -> None:
+            address = int(dma_addresses[c0][i0])
+            alloc, off = memory.find(address + span_lo)  # binding proved the operand inside one allocation
+            dram = np.ndarray(shape, np.uint8, buffer=alloc.buffer, offset=off - span_lo, strides=strides)
+            if load:
+                pad[...] = dram
+            else:
+                dram[...] = pad
+
+        return dma
+
+    def _gather(self, core: int, index: int) -> Step:
+        ins: DmaGather = self.program.cores[core][index]
+        program = self.program
+        run = [(core, index)]
+        idx_view = self._tensor(run, ins.index)
+        row_bytes = ins.row_sticks * STICK_BYTES
+        sp = self.pads.block[core]
+
+        def gather(memory: Any, dma_addresses: dict) -> None:
+            values = vector_ops.decode(idx_view, ins.index.dtype).reshape(-1)
+            problem = gather_index_problem(values, ins, program)
+            if problem:
+                raise ExecutionError(problem, core, index, ins)
+            n = values.size
+            if n:
+                alloc, off = memory.find(int(dma_addresses[core][index]))
+                rows = np.ndarray((max(ins.num_rows, 1), row_bytes), np.uint8, buffer=alloc.buffer, offset=off,
+                                  strides=(ins.row_stride, 1))
+                sp[ins.sp_offset: ins.sp_offset + n * row_bytes] = rows[values].reshape(-1)
+
+        return gather
+
+    def _ring_send(self, pairs: list[tuple[int, int]], ins0: RingSend) -> Step:
+        block = self.pads.block
+        src = slice(ins0.src_offset, ins0.src_offset + ins0.nbytes)
+        dst = slice(ins0.dst_offset, ins0.dst_offset + ins0.nbytes)
+
+        def ring_send(memory: Any, dma_addresses: dict) -> None:
+            for c, d in pairs:
+                block[d, dst] = block[c, src]
+
+        return ring_send
+
+    # --- compute -----------------------------------------------------------------------------------
+    def _elementwise(self, run, ins: Elementwise) -> Step:
+        out = self._tensor(run, ins.out)
+        inputs = [x if isinstance(x, Scalar) else (self._tensor(run, x), x.dtype) for x in ins.inputs]
+        op, out_dtype = ins.op, ins.out.dtype
+        first = ins.inputs[0]
+        if op == "copy" and isinstance(first, SpTensor) and first.dtype == out_dtype:
+            src = inputs[0][0]
+
+            def copy_bits(memory: Any, dma_addresses: dict) -> None:  # a copy moves bits
+                out[...] = np.broadcast_to(np.array(src), out.shape)
+
+            return copy_bits
+        fn = vector_ops.ELEMENTWISE[op]
+        binary = op in vector_ops.BINARY
+
+        def elementwise(memory: Any, dma_addresses: dict) -> None:
+            values = [vector_ops.scalar(x.value) if isinstance(x, Scalar) else vector_ops.decode(*x) for x in inputs]
+            values = vector_ops.promote(op, values)
+            if binary:
+                self._integer_check(run, ins, values)
+            with np.errstate(all="ignore"):
+                result = fn(*values)
+            encoded = vector_ops.encode(np.broadcast_to(result, out.shape), out_dtype)
+            out[...] = np.broadcast_to(encoded, out.shape)
+
+        return elementwise
+
+    def _integer_check(self, run, ins: Elementwise, values: list[np.ndarray]) -> None:
+        problem = vector_ops.integer_operand_error(ins.op, *values)
+        if problem is None:
+            return
+        if len(run) > 1:  # name the first core whose values are bad
+            for j, (core, index) in enumerate(run):
+                if vector_ops.integer_operand_error(ins.op, *(v[j] if v.ndim else v for v in values)):
+                    raise ExecutionError(problem, core, index, ins)
+        raise ExecutionError(problem, run[0][0], run[0][1], ins)
+
+    def _matmul(self, run, ins: MatMul) -> Step:
+        a, b, out = self._tensor(run, ins.a), self._tensor(run, ins.b), self._tensor(run, ins.out)
+        da, db, dout = ins.a.dtype, ins.b.dtype, ins.out.dtype
+        floats = da in vector_ops.FLOAT_DTYPES or db in vector_ops.FLOAT_DTYPES
+        kind = np.float32 if floats else np.int64
+
+        def matmul(memory: Any, dma_addresses: dict) -> None:
+            x = vector_ops.decode(a, da).astype(kind, copy=False)
+            y = vector_ops.decode(b, db).astype(kind, copy=False)
+            if x.ndim == 2:
+                result = np.matmul(x, y)
+            else:  # one 2-d matmul per core: BLAS may sum in another order for a stacked (3-d) call
+                result = np.stack([np.matmul(x[j], y[j]) for j in range(x.shape[0])])
+            if ins.accumulate:
+                result = result + vector_ops.decode(out, dout)
+            out[...] = np.broadcast_to(vector_ops.encode(result, dout), out.shape)
+
+        return matmul
+
+    def _reduce(self, run, ins: Reduce) -> Step:
+        inp, out = self._tensor(run, ins.inp), self._tensor(run, ins.out)
+        axis = ins.axis + (1 if len(run) > 1 else 0)
+        reduce, combine = vector_ops.REDUCE[ins.op]
+
+        def reduce_step(memory: Any, dma_addresses: dict) -> None:
+            x = vector_ops.decode(inp, ins.inp.dtype)
+            if x.dtype == np.bool_:
+                x = x.astype(np.int64)
+            with np.errstate(all="ignore"):
+                result = reduce(x, axis=axis, keepdims=True)
+                if ins.accumulate:
+                    result = combine(vector_ops.decode(out, ins.out.dtype), result)
+            out[...] = np.broadcast_to(vector_ops.encode(result, ins.out.dtype), out.shape)
+
+        return reduce_step
+
+
+def even_runs(cores: Sequence[int], offsets: Sequence[int] | None = None) -> list[list[int]]:
+    """Split positions 0..n-1 into maximal runs whose cores (and ``offsets``, if given) step evenly, so
+    that each run is one strided view. ``cores`` are increasing."""
+    runs: list[list[int]] = []
+    for j in range(len(cores)):
+        cur = runs[-1] if runs else None
+        if cur and _extends(cur, j, cores, offsets):
+            cur.append(j)
+        else:
+            runs.append([j])
+    return runs
+
+
+def _extends(run: list[int], j: int, cores: Sequence[int], offsets: Sequence[int] | None) -> bool:
+    last = run[-1]
+    if len(run) == 1:
+        return True
+    first, second = run[0], run[1]
+    if cores[j] - cores[last] != cores[second] - cores[first]:
+        return False
+    return offsets is None or offsets[j] - offsets[last] == offsets[second] - offsets[first]
