@@ -325,3 +325,38 @@ def test_compare_mode_catches_a_fast_executor_that_differs(card, monkeypatch):
     plan.steps.insert(2, corrupt)
     with pytest.raises(FastExecutionMismatch, match="operand %out"):
         _launch_gather(card, prepared, [0, 1])
+
+
+def test_gathers_from_a_written_operand_always_run_checked(card, monkeypatch):
+    """Which rows a gather reads depends on the indices: if the program also writes the gathered operand,
+    whether it races depends on data, so no launch skips the checks."""
+    monkeypatch.delenv(CHECK_ENV, raising=False)
+    idx = SpTensor(0, "int64", (1,))
+    prog = Program("gather_inplace", [Operand("idx", 128), Operand("t", 512, access="inout")], {
+        0: [DmaLoad(Addr("idx", 0), 0, DmaPattern.contiguous(1)),
+            DmaGather(Addr("t", 0), idx, row_stride=128, row_sticks=1, sp_offset=128, num_rows=4),
+            DmaStore(Addr("t", 384), 128, DmaPattern.contiguous(1))],
+    })
+    prepared = prepare(prog, card)
+    i, t = card.memory.allocate(128), card.memory.allocate(512)
+    try:
+        card.memory.write(i.address, np.zeros(16, np.int64).view(np.uint8))
+        for _ in range(3):
+            launch(prepared, {"idx": i, "t": t})
+        assert prepared.executor.plan is None
+    finally:
+        card.memory.free(i)
+        card.memory.free(t)
+
+
+def test_max_over_nans_on_several_cores_keeps_the_checked_executors_nan(card):
+    """numpy's max picks which NaN it returns (its sign survives in DLFloat16's special code) by how it
+    walks the array: reductions run core by core on the checked executor's shapes."""
+    t = SpTensor(0, "dlfloat16", (4, 3), (64, 1))
+    red = SpTensor(2048, "dlfloat16", (4, 1))
+    cores = {c: [DmaLoad(Addr("x", 512 * c), 0, DmaPattern.contiguous(4)), Elementwise("sqrt", t, (t,)),
+                 Reduce("max", red, t, axis=1), Elementwise("sub", t, (t, SpTensor(2048, "dlfloat16", (4, 3), (1, 0)))),
+                 DmaStore(Addr("y", 512 * c), 0, DmaPattern.contiguous(4))] for c in range(4)}
+    prog = Program("nan_max", [Operand("x", 2048), Operand("y", 2048, access="out")], cores)
+    for seed in range(5):
+        assert_identical(both_ways(card, prog, {"x": _random_bytes(2048, "dlfloat16", seed)}))

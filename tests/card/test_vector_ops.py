@@ -50,6 +50,8 @@ def test_ops_not_listed_position_dependent_give_the_same_bits_anywhere_in_an_arr
     rng = np.random.default_rng(1)
     arity = 1 if op in vector_ops.UNARY else 2 if op in vector_ops.BINARY else 3
     values = [(rng.standard_normal(4099) * 4).astype(np.float32) for _ in range(arity)]
+    for v in values:  # NaNs of both signs and infinities too: which NaN comes out must not move either
+        v[rng.choice(v.size, 400, replace=False)] = rng.choice(np.array([np.nan, -np.nan, np.inf, -np.inf], np.float32), 400)
     whole = vector_ops.compute(op, values)
     for start in range(0, 200, 13):
         part = vector_ops.compute(op, [v[start:start + 19].copy() for v in values])
@@ -66,3 +68,9 @@ def test_position_dependent_list_is_needed():
         parts = np.concatenate([vector_ops.compute(op, [x[s:s + 19].copy()]) for s in range(0, 4080, 19)])
         differs.append(not np.array_equal(parts.view(np.uint32), whole[:parts.size].view(np.uint32)))
     assert any(differs)
+
+
+def test_computed_nans_are_written_as_one_nan_and_infinities_keep_their_sign():
+    v = np.array([np.nan, -np.nan, np.inf, -np.inf, 1.5], np.float32)
+    assert vector_ops.encode(v, "dlfloat16").tolist() == [0x7FFF, 0x7FFF, 0x7FFF, 0xFFFF, 0x3F00]
+    assert vector_ops.encode(v, "float32").view(np.uint32).tolist()[:4] == [0x7FC00000, 0x7FC00000, 0x7F800000, 0xFF800000]

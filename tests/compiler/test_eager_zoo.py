@@ -1,7 +1,8 @@
 """The correctness zoo run eagerly on spyre (issue 4 §6: "eager spyre runs of the same zoo match too").
 
 Every op runs as it would for a user: a cached single-op program (the default eager mode), results
-compared with CPU fp32 at DLFloat16 tolerances. ``fallback_stats().host`` names any op that ran on the
+compared with CPU fp32 at DLFloat16 tolerances, and every repeated program's fast run compared byte for
+byte with the checked executor's (``TORCH_SPYRE_CHECK=compare``). ``fallback_stats().host`` names any op that ran on the
 host instead; the cases allow only the host work that is by design (docs/compiler.md, "Eager mode"):
 factories such as ``arange`` (no device data in, so nothing for a program to compute) and ops given a
 tensor of no elements (a KV cache's empty first ``past`` in ``cat``). Anything refused by the compiler
@@ -24,6 +25,9 @@ FP16_TOL = dict(atol=3e-2, rtol=2e-2)
 @pytest.fixture(autouse=True)
 def default_eager_mode(monkeypatch):
     monkeypatch.delenv("TORCH_SPYRE_EAGER", raising=False)
+    # Every cached op's later launches run on the fast executor *and* the checked one, from the same
+    # memory: any byte that differs fails the case (FastExecutionMismatch).
+    monkeypatch.setenv("TORCH_SPYRE_CHECK", "compare")
     assert eager.mode() == "compile"
     torch_spyre.reset_fallback_stats()
     eager.reset_warnings()  # and the host reasons

@@ -169,12 +169,22 @@ def decode(view: np.ndarray, dtype: str) -> np.ndarray:
     return view.astype(np.int64)
 
 
+_DEFAULT_NAN = np.float32(np.nan)  # fp32's default quiet NaN, 0x7FC00000
+
+
 def encode(values: np.ndarray, dtype: str) -> np.ndarray:
-    """Computed values (fp32, int64 or bool) in the scratchpad representation of ``dtype``."""
-    if dtype == "dlfloat16":
-        return from_float32(np.asarray(values, dtype=np.float32))
-    if dtype == "float32":
-        return np.asarray(values, dtype=np.float32)
+    """Computed values (fp32, int64 or bool) in the scratchpad representation of ``dtype``.
+
+    Every computed NaN is written as one NaN (DLFloat16's special code with the sign clear, fp32's default
+    quiet NaN). Which of several NaN operands an operation returns, and so its sign, depends on how the
+    host's SIMD loops happen to walk an array; one NaN makes results reproducible bit for bit whatever
+    the walk (the fast executor computes several cores' tensors in one array)."""
+    if dtype in FLOAT_DTYPES:
+        values = np.asarray(values, dtype=np.float32)
+        nan = np.isnan(values)
+        if nan.any():
+            values = np.where(nan, _DEFAULT_NAN, values)
+        return from_float32(values) if dtype == "dlfloat16" else values
     if dtype == "bool":
         return np.asarray(values) != 0
     values = np.asarray(values)

@@ -11,15 +11,18 @@ bytes, races, deadlocks), so once one checked run has passed, later runs skip th
 - a DMA is one strided copy between that view and the device buffer, whatever the number of cores;
 - DLFloat16 is decoded and rounded once per batched tensor, not per core or per stick.
 
-Bit identity: every batched computation is elementwise in the values it reads (or, for matmul and
-reduce, a stack of independent per-core problems of the checked executor's shapes), except the ops torch
-computes (``vector_ops.POSITION_DEPENDENT_OPS``), which run per core on the checked executor's shapes.
+Bit identity: only DMA and elementwise ops run batched; an elementwise op's result for one element does
+not depend on where it sits in the array (``tests/card/test_vector_ops.py`` checks it for each op, NaNs
+included). Matmuls, reductions and the ops torch computes (``vector_ops.POSITION_DEPENDENT_OPS``) run core
+by core on the checked executor's very shapes: how an array is walked decides the order of BLAS's and
+numpy's sums, which NaN a max returns, and how torch rounds an array's tail.
 A single core's instruction uses exactly the checked executor's views. What depends on data is still
 checked: gather indices and integer division by zero.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -45,15 +48,20 @@ class FastPlan:
         for groups in self.rounds:
             for group in groups:
                 self.steps.extend(self._plan(group))
+        # BLAS (matmul) and torch's kernels (the position-dependent ops) split work over threads, which
+        # can change a result's bits: they run on one thread, as in the checked executor. Limiting the
+        # pools costs ~0.3 ms, more than a small program's whole run, so only these programs pay it.
+        self.single_threaded = any(isinstance(i, MatMul) or (isinstance(i, Elementwise) and i.op in
+                                                              vector_ops.POSITION_DEPENDENT_OPS)
+                                   for _, _, i in program.instructions())
 
     def valid_for(self, card: Any) -> bool:
         """False once the card's scratchpads were remade (another configuration): plan again."""
         return scratchpads(card) is self.pads
 
     def run(self, memory: Any, dma_addresses: dict[int, np.ndarray]) -> None:
-        """Execute on device ``memory`` with each DMA's patched address in ``dma_addresses[core][index]``.
-        BLAS on one thread, as in the checked executor: a multi-threaded GEMM may sum in another order."""
-        with self.pads.lock, single_threaded_pools():
+        """Execute on device ``memory`` with each DMA's patched address in ``dma_addresses[core][index]``."""
+        with self.pads.lock, (single_threaded_pools() if self.single_threaded else contextlib.nullcontext()):
             for step in self.steps:
                 step(memory, dma_addresses)
 
@@ -67,7 +75,10 @@ class FastPlan:
             return [self._gather(c, i) for c, i in members]
         if isinstance(ins0, RingSend):
             return [self._ring_send([(c, self.program.cores[c][i].dst_core) for c, i in members], ins0)]
-        if isinstance(ins0, Elementwise) and ins0.op in vector_ops.POSITION_DEPENDENT_OPS:
+        if not isinstance(ins0, Elementwise) or ins0.op in vector_ops.POSITION_DEPENDENT_OPS:
+            # Per core, on the checked executor's shapes: how BLAS and numpy's reductions walk an array
+            # decides the order of their sums and which NaN (its sign) a max returns, and torch's kernels
+            # round an array's tail differently.
             runs = [[m] for m in members]
         else:
             runs = even_runs([c for c, _ in members])
@@ -208,12 +219,8 @@ class FastPlan:
         kind = np.float32 if floats else np.int64
 
         def matmul(memory: Any, dma_addresses: dict) -> None:
-            x = vector_ops.decode(a, da).astype(kind, copy=False)
-            y = vector_ops.decode(b, db).astype(kind, copy=False)
-            if x.ndim == 2:
-                result = np.matmul(x, y)
-            else:  # one 2-d matmul per core: BLAS may sum in another order for a stacked (3-d) call
-                result = np.stack([np.matmul(x[j], y[j]) for j in range(x.shape[0])])
+            result = np.matmul(vector_ops.decode(a, da).astype(kind, copy=False),
+                               vector_ops.decode(b, db).astype(kind, copy=False))
             if ins.accumulate:
                 result = result + vector_ops.decode(out, dout)
             out[...] = np.broadcast_to(vector_ops.encode(result, dout), out.shape)
@@ -222,7 +229,7 @@ class FastPlan:
 
     def _reduce(self, run, ins: Reduce) -> Step:
         inp, out = self._tensor(run, ins.inp), self._tensor(run, ins.out)
-        axis = ins.axis + (1 if len(run) > 1 else 0)
+        axis = ins.axis
         reduce, combine = vector_ops.REDUCE[ins.op]
 
         def reduce_step(memory: Any, dma_addresses: dict) -> None:
