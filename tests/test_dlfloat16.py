@@ -167,3 +167,29 @@ def test_65504_is_the_only_finite_fp16_that_comes_back_infinite():
     x = x[torch.isfinite(x)]
     y = x.to("spyre").cpu()
     assert x[torch.isinf(y)].tolist() == [65504.0]
+
+
+def _from_float32_step_by_step(values: np.ndarray) -> np.ndarray:
+    """DLFloat16 rounding written out field by field (the card module fuses it into one integer formula)."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    sign = ((bits >> 16) & 0x8000).astype(np.uint16)
+    mag = bits & 0x7FFFFFFF
+    rounded = mag + np.uint32(1 << 13)  # half an ulp of the 9-bit fraction: ties away from zero
+    exp6 = (rounded >> 23).astype(np.int32) - (127 - 31)
+    frac = ((rounded >> 14) & 0x1FF).astype(np.uint16)
+    out = (np.clip(exp6, 0, 63).astype(np.uint16) << 9) | frac
+    overflow = (exp6 > 63) | ((exp6 == 63) & (frac == 0x1FF)) | (mag >= 0x7F800000)
+    underflow = (exp6 < 0) | (mag < 0x00800000) | ((exp6 == 0) & (frac == 0))
+    out = np.where(underflow, np.uint16(0), np.where(overflow, np.uint16(0x7FFF), out))
+    return out | sign
+
+
+def test_from_float32_on_every_rounding_class():
+    """The result depends only on the sign, the exponent and the top 10 fraction bits (9 kept, 1 for
+    rounding): every combination of those 19 bits, with the 13 bits below all clear and all set."""
+    from torch_spyre.card import dlfloat16
+
+    top = np.arange(1 << 19, dtype=np.uint32) << np.uint32(13)
+    bits = np.concatenate([top, top | np.uint32(0x1FFF)])
+    values = bits.view(np.float32)
+    np.testing.assert_array_equal(dlfloat16.from_float32(values), _from_float32_step_by_step(values))

@@ -33,27 +33,24 @@ _DROP = 23 - FRACTION_BITS  # fp32 fraction bits that DLFloat16 drops
 
 
 def from_float32(values: np.ndarray) -> np.ndarray:
-    """Round fp32 values to DLFloat16 bit patterns (ties away from zero, overflow to the special code)."""
-    f = np.ascontiguousarray(values, dtype=np.float32)
-    bits = f.view(np.uint32)
-    sign = ((bits >> 16) & 0x8000).astype(np.uint16)
-    mag = bits & 0x7FFFFFFF
-    # Add half an ulp of the 9-bit fraction to the magnitude and truncate: ties round away from zero,
-    # and a carry out of the fraction bumps the exponent.
-    rounded = mag + np.uint32(1 << (_DROP - 1))
-    exp32 = (rounded >> 23).astype(np.int32)
-    frac = ((rounded >> _DROP) & 0x1FF).astype(np.uint16)
-    exp6 = exp32 - (_F32_BIAS - BIAS)
-    out = (np.clip(exp6, 0, 63).astype(np.uint16) << FRACTION_BITS) | frac
+    """Round fp32 values to DLFloat16 bit patterns (ties away from zero, overflow to the special code).
 
-    not_finite = (mag >= 0x7F800000)  # inf or NaN input
-    overflow = (exp6 > 63) | ((exp6 == 63) & (frac == 0x1FF))
-    underflow = (exp6 < 0) | (mag < 0x00800000)  # below 2^-31, or an fp32 denormal / zero
-    # Exponent 0 with fraction 0 would be the zero code: a value that rounds exactly to 2^-31 underflows.
-    underflow |= (exp6 == 0) & (frac == 0)
-    out = np.where(underflow, np.uint16(0), out)
-    out = np.where(overflow | not_finite, np.uint16(SPECIAL), out)
-    return (out | sign).astype(np.uint16)
+    One integer formula over the magnitude's bits: adding half an ulp of the 9-bit fraction and dropping
+    the other 14 bits rounds ties away from zero (a carry bumps the exponent); rebiasing the exponent
+    (127 -> 31) is subtracting ``96 << 9``. What lands at or below 0 underflowed (below 2^-31, fp32
+    denormals and zero, or exactly the all-zero code); what lands at or above the special code
+    overflowed (or was inf or NaN): clipping to [0, 0x7FFF] gives both. The sign is kept.
+    """
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    mag = bits & np.uint32(0x7FFFFFFF)
+    mag += np.uint32(1 << (_DROP - 1))  # cannot wrap: at most 0x7FFFFFFF + 0x2000
+    mag >>= np.uint32(_DROP)
+    code = mag.view(np.int32)
+    code -= np.int32((_F32_BIAS - BIAS) << FRACTION_BITS)
+    np.clip(code, 0, SPECIAL, out=code)
+    out = code.astype(np.uint16)
+    out |= (bits >> np.uint32(16)).astype(np.uint16) & np.uint16(0x8000)
+    return out
 
 
 def _to_float32_arith(bits: np.ndarray) -> np.ndarray:
