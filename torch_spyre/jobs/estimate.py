@@ -157,7 +157,7 @@ def build_config(data: dict[str, Any], layers: int | None = None) -> Any:
     try:
         cfg = transformers.AutoConfig.for_model(model_type, **fields)
     except Exception as e:  # noqa: BLE001 - any refusal of transformers: the config is not buildable
-        raise EstimateInputError(f"cannot build a {model_type} config: {type(e).__name__}: {_first_line(e)}") from None
+        raise EstimateInputError(f"cannot build a {model_type} config: {_one_line(e)}") from None
     needed = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size")
     bad = [k for k in needed if not isinstance(getattr(cfg, k, None), int) or getattr(cfg, k) < 1]
     if bad:
@@ -166,6 +166,11 @@ def build_config(data: dict[str, Any], layers: int | None = None) -> Any:
         raise EstimateInputError(f"hidden_size {cfg.hidden_size} is not a multiple of num_attention_heads "
                                  f"{cfg.num_attention_heads}")
     return cfg
+
+
+def _one_line(e: BaseException) -> str:
+    """The whole message on one line (transformers' validation errors put the reason on the second)."""
+    return " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
 
 
 def _first_line(e: BaseException) -> str:
