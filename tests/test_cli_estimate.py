@@ -153,3 +153,19 @@ def test_kv_bytes_per_token_counts_stick_padding():
     # head_dim 80 fp16 = 160 bytes: two sticks per head and token on the card.
     assert estimate.kv_bytes_per_token(cfg, 3, 64) == 2 * 3 * 2 * 256
     assert math.isclose(estimate.kv_bytes_per_token(cfg, 3, 64) / (2 * 3 * 2 * 80 * 2), 1.6)
+
+
+@pytest.mark.slow
+@pytest.mark.models
+def test_a_shrunk_granite_runs_with_its_multipliers_and_tied_embeddings():
+    """Granite's config with small dimensions: the multipliers and the tied LM head compile and run."""
+    pytest.importorskip("transformers")
+    data, _ = estimate.read_config(model="granite-3.3-8b")
+    small = {**data, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 1000, "eos_token_id": 0}
+    r = estimate.run(estimate.EstimateOptions(small, "granite-small", batch=1, prompt=64, new_tokens=4))
+    assert r.architecture == "granite" and r.prefill_ms > 0 and r.decode_ms_per_token > 0
+    # The embedding (1000 x 128) is the LM head too: counted once.
+    per_layer = (128 * 128 * 2 + 2 * 64 * 128) + 3 * 128 * 256 + 2 * 128
+    assert r.weights_bytes == 2 * (1000 * 128 + 2 * per_layer + 128)
+    assert sum(k.calls for k in r.kernels if k.phase == "decode" and k.name == "spyre_sdpa") == 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 
@@ -79,7 +81,8 @@ def test_reading_a_tensor_without_data_raises_a_clear_error():
     with torch_spyre.timing_only():
         x = torch.randn(8, 64).to("spyre")
         y = x * 2  # an eager op: a program, timed, not executed
-    for read in (lambda: x.cpu(), lambda: y.cpu(), lambda: y.sum().item(), lambda: print(y), lambda: str(x)):
+    for read in (lambda: x.cpu(), lambda: y.cpu(), lambda: y.sum().item(), lambda: print(y), lambda: str(x),
+                 lambda: torch.save(x, io.BytesIO())):
         with pytest.raises(T.NoDataError, match="has no data: it was made .* in timing-only mode") as e:
             read()
         assert isinstance(e.value, SpyreError)
