@@ -284,13 +284,43 @@ def _compiled_call(fn: Any, what: str, **kwargs: Any) -> Any:
         raise JobError(f"compiling the {what} failed: {type(e).__name__}: {_first_line(e)}") from e
 
 
+class _LayerOfCache:
+    """What one decoder layer sees of the model's KV cache: its own layer of it.
+
+    HF's attention calls ``past_key_values.update(k, v, self.layer_idx)``; indexing the cache's list with
+    the layer's index inside the compiled region makes Dynamo guard on that index, so every layer would
+    compile its own graph (and past ``recompile_limit`` run eagerly). Handing each layer its own cache
+    layer keeps one graph for all of them; the update is the same (``DynamicLayer.update``)."""
+
+    def __init__(self, layer: Any):
+        self.layer = layer
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int | None = None,
+               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.layer.update(key_states, value_states, *args, **kwargs)
+
+
+class _CompiledLayer(torch.nn.Module):
+    """Decoder layer ``index``, compiled, called with its own layer of the KV cache (``_LayerOfCache``)."""
+
+    def __init__(self, layer: torch.nn.Module, index: int):
+        super().__init__()
+        self.layer, self.index = layer, index
+        layer.compile(dynamic=False)
+
+    def forward(self, *args: Any, past_key_values: Any = None, **kwargs: Any) -> Any:
+        if past_key_values is not None:
+            past_key_values = _LayerOfCache(past_key_values.layers[self.index])
+        return self.layer(*args, past_key_values=past_key_values, **kwargs)
+
+
 def compile_regions(model: torch.nn.Module) -> list[str]:
     """Compile each module of the model on its own (regional compilation); the names compiled."""
     inner = model.model
     regions = {"embedding": inner.embed_tokens, "rotary embedding": getattr(inner, "rotary_emb", None),
                "final norm": inner.norm, "LM head": model.lm_head}
-    for layer in inner.layers:
-        layer.compile(dynamic=False)
+    for i, layer in enumerate(inner.layers):
+        inner.layers[i] = _CompiledLayer(layer, i)
     for module in regions.values():
         if module is not None:
             module.compile(dynamic=False)
