@@ -27,7 +27,6 @@ batch whose KV cache at the prompt's length fits the card's memory next to the w
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 import warnings

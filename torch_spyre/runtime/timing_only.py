@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 from ..errors import SpyreError
 
@@ -94,8 +94,3 @@ def skip_launch(memory: Any, operands: Any, bases: Any) -> bool:
                 a.has_data = False
     return skip
 
-
-def holds_no_data(allocations: Mapping[Any, Any] | Any) -> bool:
-    """True if any of the allocations has no data."""
-    values = allocations.values() if isinstance(allocations, Mapping) else allocations
-    return any(a is not None and not a.has_data for a in values)
