@@ -26,6 +26,8 @@ _LAZY = {
     "set_dlfloat16_emulation": ("torch_spyre.device.dtypes", "set_dlfloat16_emulation"),
     "Stream": ("torch_spyre.spyre_module", "Stream"),
     "Event": ("torch_spyre.spyre_module", "Event"),
+    "timing_only": ("torch_spyre.runtime.timing_only", "timing_only"),
+    "NoDataError": ("torch_spyre.runtime.timing_only", "NoDataError"),
 }
 
 __all__ = ["register", "SpyreError", *_LAZY]

@@ -4,6 +4,8 @@
     spyre info --json     the same as JSON
     spyre run             embed sentences with all-MiniLM-L6-v2 on the simulated card (compiled; --eager),
                           print the similarities and a per-kernel latency report in simulated device time
+    spyre estimate        prefill/decode latency, tokens/s and memory of a Hugging Face decoder on the card,
+                          from its config alone (--config CONFIG.json or --model NAME; timing-only mode)
 
 Exit codes: 0 success, 1 the job failed (the message says why), 2 invalid configuration or usage.
 """
@@ -159,6 +161,53 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
     run.set_defaults(func=_run, parser=run)
 
 
+def _estimate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .errors import SpyreError
+    from .jobs.embed import JobError
+    from .jobs.estimate import EstimateInputError, EstimateOptions, print_report, read_config, run, to_json
+
+    try:
+        config, name = read_config(args.config, args.model)
+        options = EstimateOptions(config, name, batch=args.batch, prompt=args.prompt, new_tokens=args.new_tokens)
+        if args.json:
+            result = run(options)
+            print(to_json(result))
+            return 0
+        console = Console() if sys.stdout.isatty() else Console(width=_PIPE_WIDTH)
+        with Console(stderr=True).status("estimating") as status:
+            result = run(options, status)
+        print_report(result, console)
+    except EstimateInputError as e:
+        print(f"spyre estimate: {e}", file=sys.stderr)
+        return 2
+    except (JobError, SpyreError) as e:
+        print(f"spyre estimate: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _add_estimate_parser(sub: argparse._SubParsersAction) -> None:
+    from .jobs.estimate import shipped_models
+
+    est = sub.add_parser("estimate", help="estimate a Hugging Face decoder's latency and memory on the card",
+                         description="Compile a Hugging Face decoder from its config (no weights) for the simulated "
+                                     "card in timing-only mode; print prefill and decode latency, tokens per second, "
+                                     "the per-kernel table, weights and KV-cache memory and the largest batch that "
+                                     "fits. Times are simulated device time.")
+    source = est.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", metavar="CONFIG.json", help="a Hugging Face config.json")
+    source.add_argument("--model", choices=shipped_models(), help="a shipped config")
+    est.add_argument("--batch", type=_positive_int, default=1, help="sequences per call (default 1)")
+    est.add_argument("--prompt", type=_positive_int, default=512,
+                     help="prompt tokens: the prefill's length and the decode step's KV length (default 512)")
+    est.add_argument("--new-tokens", type=_positive_int, default=128,
+                     help="generated tokens, for the end-to-end figure (default 128)")
+    est.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    est.set_defaults(func=_estimate, parser=est)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spyre", description="torch-spyre: IBM Spyre on a simulated card")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -166,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print JSON instead of tables")
     info.set_defaults(func=_info)
     _add_run_parser(sub)
+    _add_estimate_parser(sub)
     return parser
 
 

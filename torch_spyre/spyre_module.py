@@ -13,6 +13,7 @@ import torch
 
 from .runtime import stream as _rt
 from .runtime.stream import Event, WorkRecord  # noqa: F401 - re-exported
+from .runtime.timing_only import NoDataError, timing_only  # noqa: F401 - re-exported
 
 __all__ = [
     "Event", "Stream", "current_device", "current_stream", "default_stream", "device", "device_count",
@@ -20,7 +21,7 @@ __all__ = [
     "is_available", "is_initialized", "manual_seed", "manual_seed_all", "max_memory_allocated",
     "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_stats",
     "reset_accumulated_memory_stats", "reset_peak_memory_stats", "seed", "seed_all", "set_device",
-    "set_rng_state", "set_stream", "stream", "synchronize",
+    "set_rng_state", "set_stream", "stream", "synchronize", "timing_only", "NoDataError",
 ]
 
 

@@ -80,6 +80,9 @@ class Allocation:
     buffer: np.ndarray  # uint8, nbytes long
     meta: dict[str, Any] = field(default_factory=dict)  # owned by upper layers (e.g. the stick layout)
     live: bool = True  # False once freed: a handle kept after free() is recognisably stale
+    # False when the bytes mean nothing: made or written in timing-only mode (runtime/timing_only.py), where
+    # nothing is stored; readers refuse such memory instead of returning garbage.
+    has_data: bool = True
 
     @property
     def host_ptr(self) -> int:

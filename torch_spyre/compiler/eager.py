@@ -39,6 +39,7 @@ import torch
 from .._torch import inductor as torch_inductor
 from .._torch.device import OpOverload
 from ..device.op_call import bound_args, flat_tensors, map_tensors, resize_warning, rewrap_numbers
+from ..runtime.timing_only import NoDataError
 
 MODES = ("compile", "host")
 DEFAULT_MODE = "compile"  # docs/compiler.md "Eager mode"; TORCH_SPYRE_EAGER=host computes every op on the host
@@ -377,6 +378,8 @@ def _compile_entry(op, info, args, kwargs, bound) -> tuple[Entry, list[torch.Ten
         with torch.no_grad(), _Compiling(), _compile_lock:
             compiled = compile_one_op(fn, tensors)
         outs = _call(compiled, tensors)
+    except NoDataError:
+        raise  # the op needs values a timing-only tensor does not have: not a refusal to remember
     except Exception as e:  # noqa: BLE001 - any compiler refusal means: no device lowering
         return Entry(None, f"{type(e).__name__}: {_first_line(e)}"), None
     nested = sum(host_fallback_stats().values()) - host_before + getattr(_local, "nested_host", 0)

@@ -13,6 +13,9 @@ A blocking copy to the host makes the host observe the copy's end (``DeviceClock
 ``cudaMemcpy``. With ``non_blocking=True`` it does not: the host runs ahead, and an event or
 ``torch.spyre.synchronize()`` observes the time later. The bytes are always there at once (the card
 executes functionally; only its timing is simulated), so ``non_blocking`` never returns stale data.
+
+In timing-only mode (``runtime/timing_only.py``) copies are charged but store nothing: the destination
+on the card holds no data afterwards, and reading a tensor without data raises ``NoDataError``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..runtime import stream as rt
+from ..runtime import timing_only
 from . import cards, tensor
 
 
@@ -63,8 +67,12 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
         )
         return dst
     # device -> device
-    values, read_moved = tensor.read(src)
-    written = tensor.write(dst, values)
+    if timing_only.enabled() or not tensor.has_data(src):  # nothing to move: the copy is only timed
+        read_moved, written = tensor.transfer_size(src), tensor.transfer_size(dst)
+        tensor.mark_no_data(dst)
+    else:
+        values, read_moved = tensor.read(src)
+        written = tensor.write(dst, values)
     s_card, d_card = _card(src), _card(dst)
     if s_card == d_card:
         rt.current_stream(s_card).enqueue(

@@ -17,6 +17,10 @@ Every ATen op without a spyre kernel reaches :func:`run` (a catch-all PrivateUse
    ``torch.utils.flop_counter`` for matmul/convolution/attention ops and are the output element count
    otherwise.
 
+Inputs that hold no data (made in timing-only mode, ``runtime/timing_only.py``) are not read: the op
+runs on meta tensors for its result shapes, its results are allocated without data, and it is charged the
+same roofline time; an op that needs the values (``.item()``, data-dependent shapes) raises ``NoDataError``.
+
 Step 3 is first offered to the program runner, if one is set (``program_runner.py``; the compiler sets
 one when torch_spyre registers, ``compiler/eager.py``, which declines every op with
 ``TORCH_SPYRE_EAGER=host``, docs/compiler.md "Eager mode"): an op it can lower runs as a cached single-op
@@ -34,6 +38,7 @@ import torch
 
 from .._torch.device import OpOverload
 from ..runtime import stream as rt
+from ..runtime.timing_only import NoDataError
 from . import cards, dtypes, storage, tensor
 from .op_call import OpInfo, bound_args, is_spyre, map_tensors, op_info, resize_warning, rewrap_numbers, tensors_in
 from .program_runner import program_runner
@@ -241,10 +246,73 @@ def _wide_results(op, info: OpInfo, args: tuple, kwargs: dict) -> Any:
         return None
 
 
+def _inputs_without_data(info: OpInfo, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The spyre tensors the op reads that hold no data (made in timing-only mode)."""
+    bound = bound_args(info, args, kwargs)
+    return [t for v, out in zip(bound, info.is_out) if not out
+            for t in tensors_in(v) if is_spyre(t) and not tensor.has_data(t)]
+
+
+def _run_without_data(op, info: OpInfo, args: tuple, kwargs: dict, card: int, missing: torch.Tensor) -> Any:
+    """The op over inputs that hold no data (timing-only mode): shapes from its meta kernel, results
+    allocated on the card without data, and the same roofline time as the host path charges (the same
+    device bytes, FLOPs from the same formula). An op whose result is not a tensor (``.item()``) or has
+    no meta kernel needs the values: :class:`NoDataError`."""
+    def refuse() -> NoDataError:
+        return NoDataError(f"the spyre tensor ({list(missing.shape)}, {str(missing.dtype).replace('torch.', '')}) "
+                           f"given to aten::{info.name}")
+
+    to_meta = lambda x: _meta_like(x) if is_spyre(x) else x  # noqa: E731
+    meta_args = tuple(map_tensors(to_meta, a) for a in args)
+    meta_kwargs = {k: map_tensors(to_meta, v) for k, v in kwargs.items()}
+    try:
+        meta_out = op(*meta_args, **meta_kwargs)
+    except Exception:  # noqa: BLE001 - no meta kernel, or a shape that depends on the values
+        raise refuse() from None
+    returns = meta_out if isinstance(meta_out, tuple) else (meta_out,)
+    if not all(isinstance(r, torch.Tensor) or (isinstance(r, (list, tuple)) and all(isinstance(x, torch.Tensor)
+               for x in r)) for r in returns):
+        raise refuse()
+    bound = bound_args(info, args, kwargs)
+    nbytes = sum(tensor.transfer_size(t).device_bytes for v, out in zip(bound, info.is_out) if not out
+                 for t in tensors_in(v) if is_spyre(t))
+    for written, dev, meta in zip(info.is_write, bound, bound_args(info, meta_args, meta_kwargs)):
+        if not written:
+            continue
+        for d, m in (zip(dev, meta) if isinstance(dev, (list, tuple)) else [(dev, meta)]):
+            if is_spyre(d):
+                if tuple(d.shape) != tuple(m.shape):
+                    d.resize_(m.shape)
+                tensor.mark_no_data(d)
+                nbytes += tensor.transfer_size(d).device_bytes
+
+    def fresh(m: torch.Tensor) -> torch.Tensor:
+        nonlocal nbytes
+        out = tensor.empty_strided(m.shape, m.stride(), m.dtype, card)
+        tensor.mark_no_data(out)
+        nbytes += tensor.transfer_size(out).device_bytes
+        return out
+
+    aliases = info.returns + ((None, False),) * (len(returns) - len(info.returns))
+    results = [bound[i] if i is not None else (type(r)(fresh(x) for x in r) if isinstance(r, (list, tuple))
+                                                else fresh(r))
+               for r, (i, _) in zip(returns, aliases)]
+    result = tuple(results) if isinstance(meta_out, tuple) else results[0]
+    flops = _flops(op, meta_args, meta_kwargs, meta_out)
+    rt.current_stream(card).enqueue(
+        f"aten::{info.name}", roofline_seconds(flops, nbytes), kind="fallback", resource="compute",
+        details={"flops": flops, "bytes": nbytes, "timing_only": True},
+    )
+    return result
+
+
 def _run_on_host(op, info: OpInfo, args: tuple, kwargs: dict, card: int, probe: bool = False) -> Any:
     if not probe:
         with _counts_lock:
             _counts[info.name] += 1
+        missing = _inputs_without_data(info, args, kwargs)
+        if missing:
+            return _run_without_data(op, info, args, kwargs, card, missing[0])
     wide = _wide_results(op, info, args, kwargs)
     wide_dtype = (lambda x: torch.float32 if wide is not None and _holds_dlfloat16(x) else None)  # noqa: E731
 
@@ -275,7 +343,7 @@ def _run_on_host(op, info: OpInfo, args: tuple, kwargs: dict, card: int, probe: 
             return x
         h = hosts.get(id(x))
         if h is None:
-            h, moved = tensor.read(x, as_dtype=wide_dtype(x))
+            h, moved = tensor.read(x, as_dtype=wide_dtype(x), require_data=not probe)
             hosts[id(x)] = h
             nbytes += moved.device_bytes
         return h

@@ -75,10 +75,13 @@ def resize_(self, size, memory_format=None):
     if needed <= have:
         return storage.set_view(self, self.untyped_storage(), self.storage_offset(), size, stride)
     # Grow: a new allocation in the default layout for the new shape, keeping the old elements.
+    kept = tensor.has_data(self)
     old = tensor.read(self.as_strided((have - self.storage_offset(),), (1,), self.storage_offset()))[0] \
-        if have > self.storage_offset() else torch.empty(0, dtype=self.dtype)
+        if kept and have > self.storage_offset() else torch.empty(0, dtype=self.dtype)
     base = tensor.new_storage_tensor(self.device.index or 0, self.dtype, tensor.layout_for(size, stride, self.dtype))
     storage.set_view(self, base.untyped_storage(), 0, size, stride)
+    if not kept:  # timing-only: no elements to keep, and the grown storage holds none either
+        tensor.mark_no_data(self)
     if old.numel():
         flat = self.as_strided((old.numel(),), (1,), 0)
         tensor.write(flat, old)

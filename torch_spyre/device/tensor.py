@@ -28,6 +28,7 @@ from ..card.layout import StickLayout
 from ..program import row_major_strides
 from ..card.memory import Allocation, DeviceOutOfMemoryError
 from ..errors import SpyreError
+from ..runtime import timing_only
 from . import cards, dtypes, storage
 
 
@@ -101,6 +102,7 @@ def new_storage_tensor(card: int, dtype: torch.dtype, layout: StickLayout | None
         dtypes.device_dtype(dtype)
         return storage.storage_tensor(card, None, dtype, 0)
     alloc = _allocate(card, layout.nbytes)
+    alloc.has_data = not timing_only.enabled()
     alloc.meta.update(layout=layout, dtype=dtype, encoding=dtypes.encoding_for(dtype))
     return storage.storage_tensor(card, alloc, dtype, layout.numel)
 
@@ -165,13 +167,42 @@ def _touched_bytes(offsets: np.ndarray, layout: StickLayout) -> int:
     return int(np.unique(offsets // layout.lanes).size) * 128
 
 
-def read(t: torch.Tensor, as_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, Transfer]:
+def has_data(t: torch.Tensor) -> bool:
+    """False if spyre tensor ``t``'s memory holds no values (made or written in timing-only mode)."""
+    alloc = storage.allocation_of(t)
+    return alloc is None or alloc.has_data
+
+
+def mark_no_data(t: torch.Tensor) -> None:
+    """Record that ``t``'s allocation no longer holds meaningful values (a write that was not stored)."""
+    alloc = storage.allocation_of(t)
+    if alloc is not None:
+        alloc.has_data = False
+
+
+def transfer_size(t: torch.Tensor) -> Transfer:
+    """The device bytes (whole sticks) a read or write of ``t`` moves, without moving them."""
+    alloc = storage.allocation_of(t)
+    if alloc is None or t.numel() == 0:
+        return Transfer(0)
+    layout: StickLayout = alloc.meta["layout"]
+    if t.dtype != alloc.meta["dtype"] or _is_whole(t, layout):
+        return Transfer(layout.nbytes)
+    return Transfer(_touched_bytes(layout.device_offsets(_host_indices(t)), layout))
+
+
+def read(t: torch.Tensor, as_dtype: torch.dtype | None = None,
+         require_data: bool = True) -> tuple[torch.Tensor, Transfer]:
     """The values of spyre tensor ``t`` as a new contiguous CPU tensor (same shape; ``t``'s dtype, or
-    ``as_dtype``: DLFloat16 read as float32 keeps values beyond fp16's range finite)."""
+    ``as_dtype``: DLFloat16 read as float32 keeps values beyond fp16's range finite). A tensor without
+    data (timing-only mode) raises :class:`~torch_spyre.runtime.timing_only.NoDataError`, unless
+    ``require_data`` is False (the compiler's shape probes, which need shapes, not values)."""
     alloc = storage.allocation_of(t)
     dtype = as_dtype or t.dtype
     if alloc is None or t.numel() == 0:
         return torch.empty(t.shape, dtype=dtype), Transfer(0)
+    if require_data and not alloc.has_data:
+        raise timing_only.NoDataError(f"this spyre tensor ({list(t.shape)}, {str(t.dtype).replace('torch.', '')})")
     layout: StickLayout = alloc.meta["layout"]
     if t.dtype != alloc.meta["dtype"]:
         return _reinterpreted(_image(alloc), t).to(dtype, copy=True), Transfer(layout.nbytes)
@@ -192,10 +223,16 @@ def write(t: torch.Tensor, values: torch.Tensor, computed_in_fp32: bool = False)
     ``computed_in_fp32`` (results the host computed in fp32 for 16-bit tensors, as the card computes),
     fp32 values bound for DLFloat16 are encoded straight from fp32 instead: one rounding, as the card's
     vector unit rounds on write. Through fp16 first, magnitudes between 65504 and DLFloat16's range
-    (``finfo(float16).min`` is -65536 on the card) would become inf."""
+    (``finfo(float16).min`` is -65536 on the card) would become inf.
+
+    In timing-only mode nothing is stored: ``t``'s allocation is marked as holding no data and the
+    transfer's size is returned (the caller charges its time)."""
     alloc = storage.allocation_of(t)
     if alloc is None or t.numel() == 0:
         return Transfer(0)
+    if timing_only.enabled():
+        alloc.has_data = False
+        return transfer_size(t)
     layout: StickLayout = alloc.meta["layout"]
     if values.shape == t.shape and values.dtype == t.dtype:
         host = values
@@ -212,6 +249,7 @@ def write(t: torch.Tensor, values: torch.Tensor, computed_in_fp32: bool = False)
     encoded = dtypes.encode(host, alloc.meta["encoding"])
     if _is_whole(t, layout):
         dev[:] = layout.pack(encoded)
+        alloc.has_data = True  # every byte is written: whatever it held before no longer matters
         return Transfer(layout.nbytes)
     offsets = layout.device_offsets(_host_indices(t))
     dev[offsets] = encoded
@@ -303,7 +341,10 @@ def replace_layout(alloc: Allocation, layout: StickLayout, source: Allocation) -
                          f"{alloc.nbytes}: relayout into a new tensor instead (compiler.relayout.relayout)")
     if source.nbytes < layout.nbytes:
         raise ValueError(f"the source allocation holds {source.nbytes} bytes, {layout.nbytes} are needed")
-    alloc.buffer[:layout.nbytes] = source.buffer[:layout.nbytes]
+    if source.has_data:
+        alloc.buffer[:layout.nbytes] = source.buffer[:layout.nbytes]
+    else:  # timing-only: the relayout program was not executed, there are no bytes to move
+        alloc.has_data = False
     alloc.meta["layout"] = layout
 
 

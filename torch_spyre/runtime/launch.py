@@ -39,6 +39,7 @@ from ..card.timing import time_program
 from ..card.validate import validate
 from ..program import STICK_BYTES, Program
 from . import stream as _stream
+from . import timing_only as _timing_only
 
 
 class BindingError(SpyreError, ValueError):
@@ -212,7 +213,7 @@ class LaunchRecord:
     start: float  # simulated seconds on the card's clock
     end: float
     timing: Any  # the prepared ProgramTiming
-    stats: Any  # ExecutionStats from the functional execution
+    stats: Any  # ExecutionStats from the functional execution; None when it was skipped (timing-only)
     addresses: dict[str, int]  # operand -> device address it was bound to
 
     @property
@@ -276,7 +277,10 @@ def launch(prepared: PreparedProgram, bindings: Mapping[str, Binding], stream: _
     patch = compute_patch(prepared, bases)  # step 2
     with prepared._lock:  # the address arrays are shared by every launch of this prepared program
         apply_patch(prepared, patch)  # step 3
-        stats = prepared.executor.run(prepared.dma_addresses, bases, prepared.operand_nbytes)
+        if _timing_only.skip_launch(card.memory, prepared.program.operands, bases):
+            stats = None  # timing-only (or inputs without data): the clock advances, nothing is computed
+        else:
+            stats = prepared.executor.run(prepared.dma_addresses, bases, prepared.operand_nbytes)
         prepared.launches += 1
     launch_id = next(_launch_ids)
     rec = stream.enqueue(prepared.name, prepared.duration, kind="kernel", resource="compute",
