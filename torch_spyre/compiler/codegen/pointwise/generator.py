@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ....card.layout import sorted_unique
 from ....program import Operand, Program, dram_spans, row_major_strides
 from ... import access
 from ...access import TensorView
@@ -115,9 +116,9 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
                 e = self.node_env(v.node, xo, xs, ro, tuple(self.spec.r_sizes),
                                   outer or self.spec.nodes[v.node].placement == "outer")
                 dev = access.device_elements(place, access.evaluate(v.attrs["index"], e), f"store to {v.attrs['buffer']}")
-                sticks.append(np.unique(dev // place.lanes))
+                sticks.append(sorted_unique(dev // place.lanes))
             allst = np.concatenate(sticks)
-            if np.unique(allst).size != allst.size:
+            if sorted_unique(allst).size != allst.size:
                 return False
         return True
 
