@@ -68,8 +68,9 @@ print(json.dumps({"first_s": times[0], "repeat_s": times[1]}))
 def _first_call(device: str) -> dict[str, float]:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix=f"compile_cost_{device}_"),
                HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-c", _FIRST_CALL, device], env=env, check=True, capture_output=True,
-                         text=True)
+    out = subprocess.run([sys.executable, "-c", _FIRST_CALL, device], env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"the {device} first-call process failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
