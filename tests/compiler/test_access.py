@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -78,3 +80,81 @@ def test_split_points_and_uniform_split():
     m = np.r_[np.ones(7, bool), np.zeros(5, bool)]
     assert access.uniform_split(m) == (0, 7)
     assert access.uniform_split(np.ones(4, bool)) is None
+
+
+def _reference_choose_splits(arrays):
+    """The split search as first written: every divisor of the outer size, largest first, checked on the
+    whole arrays (one pass per divisor). ``choose_splits`` must give the same answer."""
+    import math
+
+    shape, splits = arrays[0].shape, {}
+    for d in reversed(range(len(shape))):
+        fs = []
+        while True:
+            cur, axes = access.refine_shape(shape, {**splits, d: fs})
+            outer = axes[d][0]
+            if all(access.line_affine(a.reshape(cur), outer) for a in arrays):
+                break
+            n = cur[outer]
+            runs = []
+            for a in arrays:
+                r = a.reshape(cur)
+                if n <= 2:
+                    runs.append(n)
+                    continue
+                dd = np.diff(r, axis=outer)
+                bad = np.flatnonzero(np.any(dd != np.take(dd, [0], axis=outer),
+                                            axis=tuple(k for k in range(dd.ndim) if k != outer)))
+                runs.append(int(bad[0]) + 1 if bad.size else n)
+            divisors = sorted((f for f in range(2, n) if n % f == 0 and f <= min(runs)), reverse=True)
+            found = None
+            for f in divisors:
+                trial, t_axes = access.refine_shape(shape, {**splits, d: fs + [f]})
+                if all(access.line_affine(a.reshape(trial), t_axes[d][1]) for a in arrays):
+                    found = f
+                    break
+            if found is None:
+                break
+            fs.append(found)
+        if fs:
+            splits[d] = fs
+    return splits
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_choose_splits_matches_the_divisor_by_divisor_search(seed):
+    """Stick positions of flattened ranges of padded tensors (several factors per dim) and of tiles of
+    views under random layouts."""
+    rng = np.random.default_rng(seed)
+    cases = 0
+    for _ in range(60):
+        nd = int(rng.integers(2, 4))
+        host = tuple(int(x) for x in rng.integers(1, 70, nd))
+        lay = StickLayout(host, int(rng.integers(0, nd)), str(rng.choice(["dlfloat16", "float32"])))
+        place = TensorView.whole("t", lay)
+        n = math.prod(host)
+        lead = 2 if n % 2 == 0 else 1
+        pos = access.stick_set(place, access.device_elements(place, np.arange(n).reshape(lead, n // lead))).position
+        tile = tuple(int(rng.integers(1, h + 1)) for h in host)
+        g = np.meshgrid(*[np.arange(t) for t in tile], indexing="ij")
+        idx = sum(g[d] * lay.host_strides[d] for d in range(nd))
+        other = access.stick_set(place, access.device_elements(place, idx)).position
+        for arrays in ([pos], [other]):
+            assert access.choose_splits(arrays) == _reference_choose_splits(arrays)
+            cases += 1
+    assert cases == 120
+
+
+def test_choose_splits_makes_one_pass_per_factor_however_many_divisors(monkeypatch):
+    """A padded row of 5040 elements (60 divisors): the search reads the arrays once per factor it finds
+    and once to see it is done, not once per divisor tried."""
+    lay = StickLayout((3, 5040), 1, "dlfloat16")  # 79 sticks per row, the last one padded
+    place = TensorView.whole("t", lay)
+    pos = access.stick_set(place, access.device_elements(place, np.arange(3 * 5040).reshape(1, -1))).position
+    passes = []
+    real = access._steps
+    monkeypatch.setattr(access, "_steps", lambda a, axis: passes.append(a.shape) or real(a, axis))
+    splits = access.choose_splits([pos])
+    assert splits == _reference_choose_splits([pos]) and splits[1]
+    factors = sum(len(f) for f in splits.values())
+    assert len(passes) <= factors + 2 * len(pos.shape)

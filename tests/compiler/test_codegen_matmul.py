@@ -258,6 +258,57 @@ def test_verify_top_keeps_the_fastest_simulated_plan():
     assert time_program(verified, CFG).total_s <= time_program(analytic, CFG).total_s
 
 
+# ---------------------------------------------------------------------------------------------
+# The search's cost: pruning by lower bounds and the plan cache keep its answer
+# ---------------------------------------------------------------------------------------------
+def _plan_id(c) -> tuple[str, str, float]:
+    return str(c.split), str(c.tiles), c.est.total_s
+
+
+@pytest.mark.parametrize("M,K,N,bias", [(96, 1536, 384, True), (160, 384, 1536, False)])
+def test_pruned_ranking_keeps_the_plans_the_decisions_record(M, K, N, bias):
+    a, b, c = buf("a", (M, K)), buf("b", (K, N)), buf("c", (M, N))
+    spec = addmm_spec(buf("bias", (N,)), a, b, c) if bias else mm_spec(a, b, c)
+    full, kept = rank_plans(spec, CFG), rank_plans(spec, CFG, keep=8)
+    assert len(kept) < len(full)  # some splits were proved unable to place and never scored
+    assert [_plan_id(c) for c in kept[:8]] == [_plan_id(c) for c in full[:8]]
+    no_ksplit = [next(_plan_id(c) for c in r if c.split.k == 1) for r in (full, kept)]
+    assert no_ksplit[0] == no_ksplit[1]
+
+
+def test_lower_bounds_never_exceed_an_estimate():
+    from torch_spyre.compiler.codegen.matmul.cost import _split_traffic, estimate, lower_bound
+    from torch_spyre.compiler.codegen.matmul.search import _candidate_tiles
+    from torch_spyre.compiler.codegen.matmul.plan import _splits
+    from torch_spyre.compiler.codegen.matmul.spec import _check
+
+    spec = addmm_spec(buf("bias", (384,)), buf("a", (96, 1536)), buf("b", (1536, 384)), buf("c", (96, 384)))
+    p = _check(spec)
+    checked = 0
+    for s in _splits(p, CFG)[::7]:
+        tr = _split_traffic(p, s, CFG)
+        for t in list(_candidate_tiles(p, s, CFG))[::5]:
+            total = estimate(p, s, t, CFG, tr).total_s
+            assert lower_bound(p, s, CFG, tr) <= total and lower_bound(p, s, CFG, tr, t) <= total, (s, t)
+            checked += 1
+    assert checked > 100
+
+
+def test_a_plan_cache_hit_returns_the_same_plan():
+    from torch_spyre.compiler.codegen.matmul import search
+
+    first = mm_spec(buf("a", (72, 448)), buf("b", (448, 320)), buf("c", (72, 320)), name="one")
+    renamed = mm_spec(buf("x", (72, 448)), buf("w", (448, 320)), buf("y", (72, 320)), name="two")
+    hits = search.plan_cache_stats["hits"]
+    p1, d1 = build_matmul(first, CFG)
+    p2, d2 = build_matmul(renamed, CFG)
+    assert search.plan_cache_stats["hits"] == hits + 1  # the names are not part of the plan
+    assert (d1.work_division, d1.tiling, d1.alternatives) == (d2.work_division, d2.tiling, d2.alternatives)
+    assert [len(v) for v in p1.cores.values()] == [len(v) for v in p2.cores.values()]
+    other = mm_spec(buf("a", (80, 448)), buf("b", (448, 320)), buf("c", (80, 320)))
+    assert search.plan_key(other, CFG, 8) != search.plan_key(first, CFG, 8)  # a new length is a new search
+
+
 def test_plans_are_deterministic():
     spec = mm_spec(buf("a", (300, 500)), buf("b", (500, 200)), buf("c", (300, 200)))
     p1, p2 = build_matmul(spec, CFG)[0], build_matmul(spec, CFG)[0]

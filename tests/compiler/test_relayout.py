@@ -64,3 +64,45 @@ def test_replace_layout_checks_shape_and_size():
     small = torch.randn(100, 64).half().to("spyre")
     with pytest.raises(ValueError, match="relayout into a new tensor instead"):
         tensor.replace_layout(storage.allocation_of(small), StickLayout((100, 64), 0, "dlfloat16"), alloc)
+
+
+def _instructions(program) -> list[str]:
+    return [repr(i) for _, _, i in program.instructions()]
+
+
+def test_overflow_proof_skips_tile_attempts_without_changing_the_program(monkeypatch):
+    """A weight too big for one tile: the first attempts are refused from the first tiles' DMA buffers
+    (a lower bound of the plan), not by generating the whole program; the program is the one the
+    attempt-by-attempt search writes."""
+    from torch_spyre.compiler.codegen.pointwise import generator
+
+    src, dst = StickLayout((1536, 384), 1, "dlfloat16"), StickLayout((1536, 384), 0, "dlfloat16")
+    builds = []
+    real = generator.PointwiseGenerator._build
+    monkeypatch.setattr(generator.PointwiseGenerator, "_build", lambda self, *a: builds.append(a[1]) or real(self, *a))
+    proved = relayout_program(src, dst, load_config())
+    assert len(builds) == 1  # only the tile that fits was built
+    monkeypatch.setattr(generator, "_PROOF_MIN_ELEMENTS", 1 << 62)
+    built = relayout_program(src, dst, load_config())
+    assert len(builds) > 2
+    assert _instructions(proved) == _instructions(built)
+    a, b = proved.metadata["decisions"], built.metadata["decisions"]
+    assert a["tiling"] == b["tiling"] and len(a["alternatives"]) == len(b["alternatives"])
+    for lower, full in zip(a["alternatives"], b["alternatives"]):
+        assert lower["result"].startswith("needs at least")
+        assert int(lower["result"].split()[3]) <= int(full["result"].split()[1])
+
+
+def test_repeated_tiles_share_their_boxes(monkeypatch):
+    """Tiles at different offsets of a regular tensor have the same scratchpad positions: their boxes are
+    worked out once (the generator's host cost follows the distinct tiles, the program's size all of them)."""
+    from torch_spyre.compiler.codegen.pointwise import analysis
+
+    computed = []
+    real = analysis.KernelGen._partition
+    monkeypatch.setattr(analysis.KernelGen, "_partition", lambda self, *a: computed.append(a[0]) or real(self, *a))
+    program = relayout_program(StickLayout((2048, 512), 1, "dlfloat16"), StickLayout((2048, 512), 0, "dlfloat16"),
+                               load_config())
+    tiles = program.metadata["decisions"]["tiling"]
+    n_tiles = len(program.cores) * -(-2048 // len(program.cores) // tiles["tile"][0])
+    assert n_tiles >= 4 and len(computed) < n_tiles

@@ -122,7 +122,7 @@ _BASES = {
 }
 _LAZY = {
     # Inductor's sympy functions of index expressions (FloorDiv, ModularIndexing, ...): a module.
-    "index_functions": ("torch.utils._sympy", "functions"),
+    "index_functions": ("torch.utils._sympy.functions", None),  # imported here: not loaded until Inductor is
 }
 
 
@@ -130,7 +130,7 @@ def __getattr__(name: str) -> Any:
     where = _BASES.get(name) or _LAZY.get(name)
     if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(_module(where[0]), where[1])
+    value = _module(where[0]) if where[1] is None else getattr(_module(where[0]), where[1])
     globals()[name] = value
     return value
 

@@ -214,6 +214,19 @@ class StickLayout:
         return off
 
 
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` (flattened, sorted) by one sort: the numpy in use (2.4) takes the hash-table
+    path for integers, about 10x slower than sorting and 300x on the regular stick numbers of a tile
+    (1.4 s for a million), which made the generators' analysis of a big tensor take minutes."""
+    flat = np.sort(np.asarray(values).reshape(-1))
+    if flat.size < 2:
+        return flat
+    keep = np.empty(flat.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(flat[1:], flat[:-1], out=keep[1:])
+    return flat[keep]
+
+
 def default_layout(host_shape: tuple[int, ...], device_dtype: str, stick_dim: int = -1) -> StickLayout:
     """IBM's default: the last host dimension is sticked."""
     return StickLayout(tuple(host_shape), stick_dim, device_dtype)

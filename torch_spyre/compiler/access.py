@@ -27,7 +27,7 @@ import numpy as np
 import sympy
 
 from ..errors import SpyreError
-from ..card.layout import DEVICE_DTYPES, StickLayout
+from ..card.layout import DEVICE_DTYPES, StickLayout, sorted_unique
 from ..program import STICK_BYTES, DmaPattern, Operand, row_major_strides
 
 
@@ -324,7 +324,7 @@ def stick_set(place: TensorView, device_elems: np.ndarray, valid: np.ndarray | N
     lanes = place.lanes
     sticks = device_elems // lanes
     used = sticks if valid is None else sticks[valid]
-    uniq = np.unique(used)
+    uniq = sorted_unique(used)
     rank = np.searchsorted(uniq, sticks)
     rank = np.minimum(rank, max(uniq.size - 1, 0))
     return StickSet(uniq, rank * lanes + device_elems % lanes)
@@ -463,27 +463,31 @@ def _factors(f: Any) -> list[int]:
     return [int(f)] if isinstance(f, (int, np.integer)) else [int(x) for x in f]
 
 
-def _divisors_desc(n: int, at_most: int) -> list[int]:
-    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
-    divs = set(small) | {n // d for d in small}
-    return sorted((d for d in divs if 1 < d < n and d <= at_most), reverse=True)
-
-
-def _affine_run(a: np.ndarray, axis: int) -> int:
-    """How many elements from the start of ``axis`` move by the first step (on every line)."""
+def _steps(a: np.ndarray, axis: int) -> tuple[np.ndarray, int]:
+    """Along ``axis``: the positions j + 1 where step j differs from the array's first step (on any line;
+    an empty array when the axis moves by one constant step everywhere, :func:`line_affine`), and how
+    many elements from the start move by each line's own first step (the run before a stick boundary)."""
     n = a.shape[axis]
-    if n <= 2:
-        return n
+    if n <= 1:
+        return np.zeros(0, np.int64), n
     d = np.diff(a, axis=axis)
-    first = np.take(d, [0], axis=axis)
-    bad = np.any(d != first, axis=tuple(k for k in range(d.ndim) if k != axis))
-    pos = np.flatnonzero(bad)
-    return int(pos[0]) + 1 if pos.size else n
+    others = tuple(k for k in range(d.ndim) if k != axis)
+    breaks = np.flatnonzero(np.any(d != d.flat[0], axis=others)) + 1
+    if n <= 2:
+        return breaks, n
+    bad = np.flatnonzero(np.any(d != np.take(d, [0], axis=axis), axis=others))
+    return breaks, int(bad[0]) + 1 if bad.size else n
 
 
 def choose_splits(arrays: list[np.ndarray], factors: list[int] | None = None) -> dict[int, list[int]]:
     """Per dim, mixed-radix factors (innermost first) after which every array moves by a constant step
-    along each new axis: a dim that crosses stick boundaries becomes (..., sticks, lanes)."""
+    along each new axis: a dim that crosses stick boundaries becomes (..., sticks, lanes).
+
+    Each factor is the largest divisor f of the dim's outer size n (1 < f < n) no longer than the shortest
+    regular run, such that splitting off f makes the new inner axis of every array move by its first step.
+    That inner axis holds steps j with (j + 1) % f != 0, so f qualifies exactly when it divides every
+    position where a step differs: the factor is read off the gcd of those positions, one pass over the
+    arrays per factor found, however many divisors n has."""
     if not arrays:
         return {}
     shape = arrays[0].shape
@@ -493,24 +497,25 @@ def choose_splits(arrays: list[np.ndarray], factors: list[int] | None = None) ->
         while True:
             cur_shape, axes = refine_shape(shape, {**splits, d: fs})
             outer_axis = axes[d][0]
-            refined = [a.reshape(cur_shape) for a in arrays]
-            if all(line_affine(r, outer_axis) for r in refined):
+            steps = [_steps(a.reshape(cur_shape), outer_axis) for a in arrays]
+            breaks = [b for b, _ in steps if b.size]
+            if not breaks:
                 break
             n = cur_shape[outer_axis]
-            found = None
-            run = min(_affine_run(r, outer_axis) for r in refined)
-            for f in _divisors_desc(n, run):
-                trial_shape, t_axes = refine_shape(shape, {**splits, d: fs + [f]})
-                inner = t_axes[d][1]
-                if all(line_affine(a.reshape(trial_shape), inner) for a in arrays):
-                    found = f
-                    break
+            run = min(r for _, r in steps)
+            common = math.gcd(n, *(int(np.gcd.reduce(b)) for b in breaks))
+            found = max((f for f in _divisors(common) if 1 < f < n and f <= run), default=None)
             if found is None:
                 break
             fs.append(found)
         if fs:
             splits[d] = fs
     return splits
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small) | {n // d for d in small})
 
 
 def split_point(p: np.ndarray) -> tuple[int, int] | None:

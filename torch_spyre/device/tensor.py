@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..card.layout import StickLayout
+from ..card.layout import StickLayout, sorted_unique
 from ..program import row_major_strides
 from ..card.memory import Allocation, DeviceOutOfMemoryError
 from ..errors import SpyreError
@@ -164,7 +164,7 @@ class Transfer:
 
 
 def _touched_bytes(offsets: np.ndarray, layout: StickLayout) -> int:
-    return int(np.unique(offsets // layout.lanes).size) * 128
+    return int(sorted_unique(offsets // layout.lanes).size) * 128
 
 
 def has_data(t: torch.Tensor) -> bool:

@@ -12,13 +12,14 @@ import math
 
 import numpy as np
 
+from torch_spyre.card.layout import sorted_unique
 from torch_spyre.compiler.access import CodegenError, TensorView, stick_patterns
 from torch_spyre.program import STICK_BYTES, Addr, DmaLoad, DmaStore, Instruction
 
 
 def dram_runs(dev: np.ndarray) -> int:
     """Contiguous device bursts in a set of sticks (what each DRAM discontinuity costs is in the config)."""
-    s = np.unique(np.asarray(dev, dtype=np.int64).reshape(-1))
+    s = sorted_unique(np.asarray(dev, dtype=np.int64))
     return int(s.size and 1 + np.count_nonzero(np.diff(s) != 1))
 
 

@@ -48,7 +48,8 @@ from ...decisions import BufferDecision, KernelDecisions
 from .cost import Estimate, estimate
 from .emit import generate_plan
 from .plan import Split, Tiles, _assign, _buffers, _core_shape
-from .search import Plan, _best_tiles, _core_span, _span_ok, naive_split, plan_for_split, rank_plans
+from .search import (Plan, _best_tiles, _core_span, _span_ok, cached_rank_plans, naive_split, plan_for_split,
+                     rank_plans)
 from .spec import (
     MatmulSpec,
     MatmulSpecError,
@@ -70,6 +71,7 @@ __all__ = [
 ]
 
 GENERATOR = "matmul"
+_RECORDED_PLANS = 8  # the cheapest plans the decisions list as alternatives
 
 
 # =============================================================================================
@@ -81,7 +83,8 @@ def build_matmul(spec: MatmulSpec, config: CardConfig, verify_top: int = 0) -> t
     The plan is the analytic cost model's cheapest. With ``verify_top`` = n > 1, the model's n cheapest
     plans are generated and timed with the card's timing model and the fastest is kept (an autotuning
     step: slower to compile, for kernels run often)."""
-    ranked = rank_plans(spec, config)
+    # The decisions list the 8 cheapest plans and the cheapest without a K-split: only those are needed.
+    ranked = cached_rank_plans(spec, config, keep=max(_RECORDED_PLANS, verify_top))
     simulated: dict[int, float] = {}
     if verify_top > 1:
         from ....card.timing import time_program  # the card's own clock, used only when asked
@@ -125,7 +128,7 @@ def _decisions(spec: MatmulSpec, cfg: CardConfig, ranked: list[Plan],
                  "accumulate": "fp32 in scratchpad, one rounding to " + p.out_dtype, "estimate": best.est.to_dict()}
     simulated = simulated or {}
     seen = set()
-    picks = list(range(min(8, len(ranked)))) + [i for i, c in enumerate(ranked) if c.split.k == 1][:1]
+    picks = list(range(min(_RECORDED_PLANS, len(ranked)))) + [i for i, c in enumerate(ranked) if c.split.k == 1][:1]
     for i in picks:
         c = ranked[i]
         if str(c.split) in seen:

@@ -9,7 +9,7 @@ card's own (``card/costs.py``), so the estimate cannot drift from the timing mod
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ....card import costs
@@ -55,6 +55,9 @@ class _SplitTraffic:
     link_a: dict[tuple, int]
     link_other: dict[tuple, int]
     chain_pairs: dict[tuple, int]
+    # The search scores hundreds of tiles per split: the parts of a plan that depend on only some of the
+    # tile fields (the core's shape, PE time, memory time, whether the buffers fit) are computed once each.
+    memo: dict[tuple, Any] = field(default_factory=dict)
 
 
 def _split_traffic(p: _Problem, s: Split, cfg: CardConfig) -> _SplitTraffic:
@@ -86,9 +89,18 @@ def estimate(p: _Problem, s: Split, t: Tiles, cfg: CardConfig, traffic: _SplitTr
     time combines compute (PE arrays, vector unit of the busiest core) and data movement (its DMA
     channels, the shared DRAM, the busiest ring link)."""
     tr = traffic or _split_traffic(p, s, cfg)
-    sh = _core_shape(p, s, t, tr.work[0])  # the first core has the largest box
-    steady = {"pe": _pe_seconds(p, t, sh, tr.work[0], cfg), "vector": _vector_seconds(p, s, t, sh, tr.work[0], cfg),
-              **_memory_seconds(p, s, t, sh, tr, cfg)}
+    sh = core_shape(p, s, t, tr)  # the first core has the largest box
+    memo, geometry, w = tr.memo, (t.bt, t.mt, t.nt, t.kt), tr.work[0]
+    pe = memo.get(("pe", geometry))
+    if pe is None:
+        pe = memo[("pe", geometry)] = _pe_seconds(p, t, sh, w, cfg)
+    vector = memo.get(("vector", t.a_resident, sh.n_tiles))
+    if vector is None:
+        vector = memo[("vector", t.a_resident, sh.n_tiles)] = _vector_seconds(p, s, t, sh, w, cfg)
+    memory = memo.get(("memory", t.a_resident, t.network, sh.n_tiles))
+    if memory is None:
+        memory = memo[("memory", t.a_resident, t.network, sh.n_tiles)] = _memory_seconds(p, s, t, sh, tr, cfg)
+    steady = {"pe": pe, "vector": vector, **memory}
     fill, drain = _fill_seconds(sh, len(tr.work), cfg), _drain_seconds(p, s, t, sh, len(tr.work), cfg)
     exposed = _exposed_latency(p, t, sh, cfg, steady["pe"])
     tiles = sh.n_tiles * (1 if p.b_shared else sh.groups)
@@ -100,6 +112,57 @@ def estimate(p: _Problem, s: Split, t: Tiles, cfg: CardConfig, traffic: _SplitTr
     busy = max(compute, memory) + OVERLAP_LOSS * min(compute, memory)
     total = cfg.kernel_fixed_cost_s + fill + busy + drain + exposed
     return Estimate(total, {**steady, "fill": fill, "drain": drain, "exposed_latency": exposed})
+
+
+def core_shape(p: _Problem, s: Split, t: Tiles, tr: _SplitTraffic) -> _Shape:
+    """``_core_shape`` of the split's first core (the largest box), once per tile geometry."""
+    key = ("shape", t.bt, t.mt, t.nt, t.kt)
+    sh = tr.memo.get(key)
+    if sh is None:
+        sh = tr.memo[key] = _core_shape(p, s, t, tr.work[0])
+    return sh
+
+
+def lower_bound(p: _Problem, s: Split, cfg: CardConfig, tr: _SplitTraffic, t: Tiles | None = None) -> float:
+    """Seconds no tiling of split ``s`` can beat (with ``t``: no tiles with ``t``'s A residency, K-split
+    network and N tile count): :func:`estimate` with fill and drain at their DRAM latency, no exposed
+    latency, the PE arrays on every weight tile with no fill, and (without ``t``) A read once, no
+    turnaround and no K-split traffic. Each term is the estimate's own with a quantity replaced by a
+    smaller one, added in the same order, so the floating-point sums keep the order too. The search skips
+    what such a bound proves cannot be chosen."""
+    floor = tr.memo.get(("floor",))
+    if floor is None:
+        floor = tr.memo[("floor",)] = _floors(p, s, cfg, tr)
+    compute, memory = floor
+    if t is not None:
+        n_tiles = -(-tr.work[0].ncols[1] // (t.nt * UNIT))
+        key = ("memory", t.a_resident, t.network, n_tiles)
+        parts = tr.memo.get(key)
+        if parts is None:
+            parts = tr.memo[key] = _memory_seconds(p, s, t, core_shape(p, s, t, tr), tr, cfg)
+        memory = max(parts["dma_core"], parts["dram"], parts["ring"])
+    busy = max(compute, memory) + OVERLAP_LOSS * min(compute, memory)
+    return cfg.kernel_fixed_cost_s + cfg.dram_latency_s + busy + cfg.dram_latency_s
+
+
+def _floors(p: _Problem, s: Split, cfg: CardConfig, tr: _SplitTraffic) -> tuple[float, float]:
+    """The split's compute and memory seconds at their floor, for :func:`lower_bound`."""
+    w = tr.work[0]
+    reads = [a + o for a, o in zip(tr.a, tr.other_reads)]
+    dma_core = max(max(reads), max(tr.writes)) / (cfg.dma_bytes_per_cycle * cfg.clock_hz)
+    dram = sum(reads) / cfg.dram_read_bandwidth + sum(tr.writes) / cfg.dram_write_bandwidth
+    load = {l: tr.link_a.get(l, 0) + tr.link_other.get(l, 0) for l in set(tr.link_a) | set(tr.link_other)}
+    ring = max(load.values(), default=0) / cfg.ring_link_bandwidth
+    # PE: the sum over tiles of ceil(weight tiles / corelets) * (rows + fill) is at least every row through
+    # every weight tile of the core's K x N, shared by the corelets.
+    rows = w.rows[1] * (w.batches[1] if p.b_shared else 1)
+    weight_tiles = costs.ceil_div(w.kcols[1], cfg.pe_rows) * costs.ceil_div(
+        w.ncols[1], cfg.pe_cols * costs.pe_simd(cfg, "dlfloat16"))
+    groups = 1 if p.b_shared else w.batches[1]
+    pe = costs.ceil_div(rows * weight_tiles, cfg.corelets_in_use) * groups / cfg.clock_hz
+    one_pass = Tiles(1, max(1, w.rows[1]), 1, 1, True)  # A resident: read once (the vector part needs only that)
+    vector = _vector_seconds(p, s, one_pass, _core_shape(p, replace(s, k=1), one_pass, w), w, cfg)
+    return max(pe, vector), max(dma_core, dram, ring)
 
 
 def _pe_seconds(p: _Problem, t: Tiles, sh: _Shape, w: _CoreWork, cfg: CardConfig) -> float:

@@ -7,12 +7,15 @@ and :func:`plan_for_split` (the best tiles for a split chosen by hand).
 
 from __future__ import annotations
 
+import heapq
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Iterable
 
 from ....card.config import CardConfig
-from .cost import Estimate, _split_traffic, estimate
-from .plan import Split, Tiles, _assign, _core_shape, _CoreWork, _divisors, _fits, _round, _row_align, _Shape, _splits
+from .cost import Estimate, _split_traffic, _SplitTraffic, core_shape, estimate, lower_bound
+from .plan import Split, Tiles, _assign, _CoreWork, _divisors, _fits, _round, _row_align, _Shape, _splits
 from .spec import UNIT, MatmulSpec, MatmulSpecError, _check, _Problem
 
 
@@ -46,6 +49,9 @@ def _candidate_tiles(p: _Problem, s: Split, cfg: CardConfig) -> Iterable[Tiles]:
                                 yield Tiles(bt, mt, nt, kt, res, net, acc_double=False)
 
 
+_TIE = 1.01  # estimates within 1 % of a split's best tie; the fewest instructions wins
+
+
 @dataclass
 class Plan:
     """A work division, its tiles and the cost model's estimate."""
@@ -55,23 +61,33 @@ class Plan:
     est: Estimate
 
 
-def _best_tiles(p: _Problem, s: Split, cfg: CardConfig) -> Plan | None:
+def _best_tiles(p: _Problem, s: Split, cfg: CardConfig, traffic: _SplitTraffic | None = None) -> Plan | None:
     """The cheapest tiles for split ``s`` that fit the scratchpad. Estimates within 1 % of the best count
     as a tie, settled by the fewest instructions (a smaller program, faster to prepare and simulate)."""
-    traffic = _split_traffic(p, s, cfg)
-    w = traffic.work[0]
-    scored = []
+    traffic = traffic or _split_traffic(p, s, cfg)
+    scored, best = [], float("inf")
     for t in _candidate_tiles(p, s, cfg):
-        sh = _core_shape(p, s, t, w)
-        if not t.acc_double and _fits(p, s, replace(t, acc_double=True), sh, cfg):
+        if _exceeds(lower_bound(p, s, cfg, traffic, t), _TIE * best):
+            continue  # cannot come within the tie margin of a plan already scored (nor of the best)
+        sh = core_shape(p, s, t, traffic)
+        if not t.acc_double and _fits_once(p, s, replace(t, acc_double=True), sh, cfg, traffic):
             continue  # one accumulator only pays when two do not fit
-        if _fits(p, s, t, sh, cfg):
+        if _fits_once(p, s, t, sh, cfg, traffic):
             scored.append((estimate(p, s, t, cfg, traffic), _instructions(sh), t))
+            best = min(best, scored[-1][0].total_s)
     if not scored:
         return None
-    best = min(e.total_s for e, _, _ in scored)
-    e, _, t = min((c for c in scored if c[0].total_s <= 1.01 * best), key=lambda c: (c[1], c[0].total_s))
+    e, _, t = min((c for c in scored if c[0].total_s <= _TIE * best), key=lambda c: (c[1], c[0].total_s))
     return Plan(s, t, e)
+
+
+def _fits_once(p: _Problem, s: Split, t: Tiles, sh: _Shape, cfg: CardConfig, tr: _SplitTraffic) -> bool:
+    """``_fits`` (the buffers do not depend on the K-split network), once per split and tiles."""
+    key = ("fits", t.bt, t.mt, t.nt, t.kt, t.a_resident, t.acc_double)
+    fits = tr.memo.get(key)
+    if fits is None:
+        fits = tr.memo[key] = _fits(p, s, t, sh, cfg)
+    return fits
 
 
 def _instructions(sh: _Shape) -> int:
@@ -95,17 +111,23 @@ def _core_span(p: _Problem, w: _CoreWork) -> int:
     return total
 
 
-def rank_plans(spec: MatmulSpec, config: CardConfig, top: int | None = None) -> list[Plan]:
-    """Every feasible split with its best tiles, cheapest estimate first."""
+def rank_plans(spec: MatmulSpec, config: CardConfig, top: int | None = None, keep: int | None = None) -> list[Plan]:
+    """Every feasible split with its best tiles, cheapest estimate first.
+
+    With ``keep`` = n: the n cheapest plans and the cheapest without a K-split, exactly as in the full
+    ranking (same plans, same order), followed by whichever other splits had to be scored to prove it.
+    Splits are scored in the order of their :func:`~.cost.lower_bound`; a split whose bound exceeds the
+    n-th cheapest estimate found so far (and, without a K-split, the cheapest such plan) cannot enter
+    those places and is skipped. A new sequence length needs a new search, so this is what it costs."""
     p = _check(spec)
-    choices, over_span = [], 0
-    for s in _splits(p, config):
-        if not _span_ok(p, s, config):
+    feasible, over_span = [], 0
+    for i, s in enumerate(_splits(p, config)):
+        if _span_ok(p, s, config):
+            feasible.append((i, s))
+        else:
             over_span += 1
-            continue
-        c = _best_tiles(p, s, config)
-        if c is not None:
-            choices.append(c)
+    scored = _scored_splits(p, feasible, config, keep)
+    choices = [c for _, _, c in sorted(scored, key=lambda x: (x[0], x[1]))]
     if not choices:
         if over_span:
             raise MatmulSpecError(
@@ -115,8 +137,79 @@ def rank_plans(spec: MatmulSpec, config: CardConfig, top: int | None = None) -> 
                 "split the matmul into several kernels")
         raise MatmulSpecError(f"{p.describe()}: no tiling fits {config.scratchpad_plannable_bytes} plannable "
                               "scratchpad bytes per core")
-    choices.sort(key=lambda c: c.est.total_s)
     return choices[:top] if top else choices
+
+
+# Ranked plans by what the ranking depends on (see :func:`plan_key`): the layers of a model repeat their
+# matmuls, and so does every call of an eager op; a bounded LRU.
+_PLANS: OrderedDict[tuple, list[Plan]] = OrderedDict()
+_PLANS_LOCK = threading.Lock()
+PLAN_CACHE_SIZE = 1024
+plan_cache_stats = {"hits": 0, "misses": 0}
+
+
+def plan_key(spec: MatmulSpec, config: CardConfig, keep: int | None) -> tuple:
+    """Everything :func:`rank_plans` reads: the operands' shapes, strides, storage offsets and layouts (not
+    their names), alpha, beta, the kind, the epilogue, the card's configuration, and ``keep``."""
+    def anon(view, role: str):
+        return None if view is None else replace(view, name=role)
+
+    return (anon(spec.a, "a"), anon(spec.b, "b"), anon(spec.out, "out"), anon(spec.bias, "bias"),
+            anon(spec.residual, "residual"), spec.alpha, spec.beta, spec.kind, spec.activation, config, keep)
+
+
+def cached_rank_plans(spec: MatmulSpec, config: CardConfig, keep: int | None = None) -> list[Plan]:
+    """:func:`rank_plans` once per :func:`plan_key` (a copy of the list; the plans themselves are shared and
+    never modified)."""
+    key = plan_key(spec, config, keep)
+    with _PLANS_LOCK:
+        ranked = _PLANS.get(key)
+        if ranked is not None:
+            _PLANS.move_to_end(key)
+            plan_cache_stats["hits"] += 1
+            return list(ranked)
+    ranked = rank_plans(spec, config, keep=keep)
+    with _PLANS_LOCK:
+        plan_cache_stats["misses"] += 1
+        _PLANS[key] = ranked
+        while len(_PLANS) > PLAN_CACHE_SIZE:
+            _PLANS.popitem(last=False)
+    return list(ranked)
+
+
+def _scored_splits(p: _Problem, feasible: list[tuple[int, Split]], cfg: CardConfig,
+                   keep: int | None) -> list[tuple[float, int, Plan]]:
+    """(estimate, position among the splits, plan) of the splits ``rank_plans`` must score."""
+    if keep is None:
+        return [(c.est.total_s, i, c) for i, s in feasible if (c := _best_tiles(p, s, cfg)) is not None]
+    bounded = []
+    for i, s in feasible:
+        tr = _split_traffic(p, s, cfg)
+        bounded.append((lower_bound(p, s, cfg, tr), i, s, tr))
+    bounded.sort(key=lambda x: (x[0], x[1]))
+    out: list[tuple[float, int, Plan]] = []
+    cheapest: list[float] = []  # the ``keep`` cheapest estimates so far, negated (a max-heap)
+    best_no_ksplit = float("inf")
+    for bound, i, s, tr in bounded:
+        kth = -cheapest[0] if len(cheapest) >= keep else float("inf")
+        if _exceeds(bound, kth) and (s.k > 1 or _exceeds(bound, best_no_ksplit)):
+            continue
+        c = _best_tiles(p, s, cfg, tr)
+        if c is None:
+            continue
+        total = c.est.total_s
+        out.append((total, i, c))
+        heapq.heappush(cheapest, -total)
+        if len(cheapest) > keep:
+            heapq.heappop(cheapest)
+        if s.k == 1:
+            best_no_ksplit = min(best_no_ksplit, total)
+    return out
+
+
+def _exceeds(bound: float, estimate_s: float) -> bool:
+    """``bound`` is above ``estimate_s`` by more than rounding (the bound is a sum in the estimate's order)."""
+    return bound > estimate_s * (1 + 1e-9)
 
 
 

@@ -5,6 +5,7 @@ index-only value is constant (``KernelGen.partition``)."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,7 +150,8 @@ class KernelGen:
         return all(self._index_only(a) for a in self.dag.inputs(v))
 
     # --- analysing one chunk ---------------------------------------------------------------------
-    def analyse(self, ch: Chunk, outer_only: bool = False) -> None:
+    def analyse(self, ch: Chunk, outer_only: bool = False, with_boxes: bool = True) -> None:
+        """The chunk's accesses (``ch.accesses``) and, ``with_boxes``, its boxes."""
         spec, dag = self.spec, self.dag
         full_shape = tuple(ch.xs) + tuple(ch.rs)
         env_full: dict[int, dict[str, np.ndarray]] = {}
@@ -212,6 +214,8 @@ class KernelGen:
                 a.sticks = access.stick_set(place, dev, valid)
             ch.accesses[gid] = a
         self._dedupe_loads(ch)
+        if not with_boxes:
+            return
         statics = self._static_consumers()
         full_static = {g: static(g, False) for g in statics if self._used_in(g, "full")}
         outer_static = {g: static(g, True) for g in statics if self._used_in(g, "outer")}
@@ -269,8 +273,33 @@ class KernelGen:
 
     # --- boxes -----------------------------------------------------------------------------------
     def partition(self, shape: tuple[int, ...], accs: list[AccessInTile], statics: dict[int, np.ndarray]) -> list[Box]:
+        """The boxes of a tile. They depend only on the tile's scratchpad positions, masks and static values,
+        which are relative to the tile: tiles at different offsets of a regular tensor repeat them (a 25-row
+        tile of a tensor sticked on rows repeats every 64 tiles), so equal inputs share one answer (boxes
+        are never modified after this)."""
         if not all(shape):
             return []
+        key = self._partition_key(shape, accs, statics)
+        cache = self.__dict__.setdefault("_partitions", {})
+        if key not in cache:
+            cache[key] = self._partition(shape, accs, statics)
+        return list(cache[key])
+
+    def _partition_key(self, shape, accs: list[AccessInTile], statics: dict[int, np.ndarray]) -> tuple:
+        h = hashlib.blake2b(digest_size=20)
+        for a in accs:
+            h.update(f"{a.gid}:{a.sticks.position.shape}:{a.sticks.position.dtype}".encode())
+            h.update(np.ascontiguousarray(a.sticks.position).tobytes())
+            if a.valid is not None:
+                h.update(b"valid")
+                h.update(np.ascontiguousarray(a.valid).tobytes())
+        for g, m in statics.items():
+            m = np.asarray(m)
+            h.update(f"s{g}:{m.shape}:{m.dtype}".encode())
+            h.update(np.ascontiguousarray(m).tobytes())
+        return tuple(shape), h.digest()
+
+    def _partition(self, shape: tuple[int, ...], accs: list[AccessInTile], statics: dict[int, np.ndarray]) -> list[Box]:
         out: list[Box] = []
         stack = [(tuple(0 for _ in shape), tuple(shape))]
         while stack:

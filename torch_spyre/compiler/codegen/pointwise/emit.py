@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ....program import STICK_BYTES, Addr, DmaLoad, DmaStore, Elementwise, Scalar
+from ....card.layout import sorted_unique
 from ... import access
 from ...kernel_ir import LoweringError
 from .analysis import AccessInTile, Box, Chunk
@@ -224,7 +225,7 @@ class Emitter:
         """Stage sticks the step writes only partly (padding included): load them first."""
         a = ch.accesses[g]
         lanes = self.places[a.buffer].lanes
-        covered = np.unique(a.sticks.position).size
+        covered = sorted_unique(a.sticks.position).size
         if covered < a.sticks.sticks.size * lanes:
             self._dma_sticks(out, DmaLoad, a, f"st{g}")
 

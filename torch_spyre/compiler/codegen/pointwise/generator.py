@@ -4,11 +4,13 @@ each tile, emission, the scratchpad plan and the decisions recorded in the progr
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from ....card.layout import sorted_unique
 from ....program import Operand, Program, dram_spans, row_major_strides
 from ... import access
 from ...access import TensorView
@@ -21,8 +23,12 @@ from .emit import Emitter
 from .reduce import Reducer
 from .schedule import Scheduler, Step
 from .sym import SymInstr
-from .tiling import boxes, core_boxes, shrink, split_counts
+from .tiling import boxes, core_boxes, shrink, shrink_outer, split_counts
 from .values import AddressSpanError
+
+
+# Kernels whose first core's box has fewer elements (x times reduction chunk) build every tile attempt.
+_PROOF_MIN_ELEMENTS = 1 << 18
 
 
 class PointwiseGenerator(Emitter, Reducer, KernelGen):
@@ -42,12 +48,16 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
         lanes = max(self.factors) if self.factors else 64
         while True:
             tried.append({"tile": list(tx), "rchunk": list(tr)})
+            proof = self._overflow_proof(cboxes, tuple(tx), tuple(tr))
             try:
+                if proof is not None:
+                    raise proof
                 cores, base, sp_plan, persistent = self._build(cboxes, tuple(tx), tuple(tr))
                 break
             except ScratchpadOverflowError as err:
                 last = err
-                tried[-1]["result"] = f"needs {err.needed} B > {err.capacity} B"
+                at_least = "at least " if err is proof else ""
+                tried[-1]["result"] = f"needs {at_least}{err.needed} B > {err.capacity} B"
             if not shrink(tx, lanes) and not shrink(tr, lanes):
                 err = ScratchpadOverflowError(last.needed, last.capacity, last.live, last.step)
                 err.add_note(f"kernel {spec.name}: even the smallest tile (x {tx}, reduction chunk {tr}) does "
@@ -60,6 +70,44 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
         program.metadata["decisions"] = self.decisions.to_dict()
         program.metadata["source_ops"] = list(spec.source_ops)
         return program
+
+    # --- the tile search's shortcut -------------------------------------------------------------------
+    def _overflow_proof(self, cboxes, tx, tr) -> ScratchpadOverflowError | None:
+        """An overflow the full build of tile ``tx`` (and reduction chunk ``tr``) is certain to hit, found
+        from the first tiles of the first core alone, or None (then the build decides). Every load and
+        store buffer is live for the whole program and at least as large as the sticks any part of a tile
+        touches, so their sizes over the first tiles (huge tiles: a leading part of them) add up to a lower
+        bound of the plan's peak (``scratchpad._max_live_bytes``): above the capacity, the build would
+        overflow. A big tensor's first attempts (a tile the size of the core's box) are refused this way
+        at the cost of a few stick counts instead of generating the whole program each time. Small
+        kernels skip it (their build is cheap)."""
+        xo, xs = cboxes[0]
+        rn = math.prod(tr) if tr else 1
+        if math.prod(xs) * rn < _PROOF_MIN_ELEMENTS:
+            return None
+        cap = self.config.scratchpad_plannable_bytes
+        persistent = tuple(tr) == tuple(self.spec.r_sizes)
+        sched = Scheduler(self.dag, self.aliases, persistent)
+        steps: list[Step] = []
+        for t, (txo, txs) in enumerate(boxes(xo, xs, tx)[:2]):  # two tiles: both load parities
+            part = list(txs)
+            while math.prod(part) * rn > cap and shrink_outer(part):
+                pass
+            steps.extend(self._tile_steps(sched, t, txo, tuple(part), tr, persistent, with_boxes=False))
+            self._assign_loads(steps, persistent)
+            sizes: dict[str, int] = {}
+            for s in steps:
+                named = [(f"ld{g}.{s.parity}", g) for g in (s.loads if s.load_from is s else [])]
+                named += [(f"st{g}", g) for g in s.values if self.dag.values[g].op == "store"
+                          and self.dag.values[g].attrs["buffer"] not in self.spec.internal]
+                for name, g in named:
+                    a = s.chunk.accesses[g]
+                    if a.sticks is not None:
+                        sizes[name] = max(sizes.get(name, 0), a.sticks.nbytes)
+            need = sum(sizes.values())
+            if need > cap:
+                return ScratchpadOverflowError(need, cap, [SpBuffer(n, b) for n, b in sorted(sizes.items())], -1)
+        return None
 
     # --- aliases (loads served from values of this kernel) ----------------------------------------
     def _find_aliases(self) -> dict[int, int]:
@@ -115,9 +163,9 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
                 e = self.node_env(v.node, xo, xs, ro, tuple(self.spec.r_sizes),
                                   outer or self.spec.nodes[v.node].placement == "outer")
                 dev = access.device_elements(place, access.evaluate(v.attrs["index"], e), f"store to {v.attrs['buffer']}")
-                sticks.append(np.unique(dev // place.lanes))
+                sticks.append(sorted_unique(dev // place.lanes))
             allst = np.concatenate(sticks)
-            if np.unique(allst).size != allst.size:
+            if sorted_unique(allst).size != allst.size:
                 return False
         return True
 
@@ -137,7 +185,7 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
         base, sp_plan = self._place(cores)
         return cores, base, sp_plan, persistent
 
-    def _tile_steps(self, sched: Scheduler, t, txo, txs, tr, persistent: bool) -> list[Step]:
+    def _tile_steps(self, sched: Scheduler, t, txo, txs, tr, persistent: bool, with_boxes: bool = True) -> list[Step]:
         spec, dag = self.spec, self.dag
         steps: list[Step] = []
         done: set[int] = set()
@@ -170,7 +218,7 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
             if persistent and s.kind == "full":
                 s.chunk.accessed = [g for g in tile_accesses if dag.values[g].extent == "full"
                                     or dag.values[g].op == "store" and dag.values[dag.values[g].args[0]].extent == "full"]
-            self.analyse(s.chunk, outer_only=s.kind == "outer")
+            self.analyse(s.chunk, outer_only=s.kind == "outer", with_boxes=with_boxes)
         return steps
 
     def _assign_loads(self, steps: list[Step], persistent: bool) -> None:

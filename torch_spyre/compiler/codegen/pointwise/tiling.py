@@ -111,3 +111,12 @@ def shrink(shape: list[int], lanes: int) -> bool:
     else:
         shape[-1] = -(-n // 2)
     return True
+
+
+def shrink_outer(shape: list[int]) -> bool:
+    """Halve the outermost dim larger than one (any dim, the innermost last); False when all are one."""
+    for d in range(len(shape)):
+        if shape[d] > 1:
+            shape[d] = -(-shape[d] // 2)
+            return True
+    return False
