@@ -130,7 +130,9 @@ def __getattr__(name: str) -> Any:
     where = _BASES.get(name) or _LAZY.get(name)
     if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(_module(where[0]), where[1])
+    parent = _module(where[0])
+    # A submodule (``torch.utils._sympy.functions``) is an attribute of its package only once imported.
+    value = getattr(parent, where[1]) if hasattr(parent, where[1]) else _module(f"{where[0]}.{where[1]}")
     globals()[name] = value
     return value
 
