@@ -40,12 +40,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from ....card import costs
 from ....card.config import CardConfig
 from ....program import Program
 from ... import scratchpad
 from ...access import TensorView
+from ...core_count import CoreCount, cores_for, dma_cycles
 from ...decisions import BufferDecision, KernelDecisions
-from .cost import Estimate, estimate
+from .cost import Estimate, _core_dram_bytes, estimate
 from .emit import generate_plan
 from .plan import Split, Tiles, _assign, _buffers, _core_shape
 from .search import Plan, _best_tiles, _core_span, _span_ok, naive_split, plan_for_split, rank_plans
@@ -81,7 +83,11 @@ def build_matmul(spec: MatmulSpec, config: CardConfig, verify_top: int = 0) -> t
     The plan is the analytic cost model's cheapest. With ``verify_top`` = n > 1, the model's n cheapest
     plans are generated and timed with the card's timing model and the fastest is kept (an autotuning
     step: slower to compile, for kernels run often)."""
-    ranked = rank_plans(spec, config)
+    everything = rank_plans(spec, config)
+    count = _core_count(_check(spec), config)
+    # The cost model does not see a core's fixed costs: plans spreading the work thinner than
+    # core_count's minimum per core go, unless none is left (then the cheapest stands).
+    ranked = [c for c in everything if c.split.cores <= count.cores] or everything
     simulated: dict[int, float] = {}
     if verify_top > 1:
         from ....card.timing import time_program  # the card's own clock, used only when asked
@@ -94,8 +100,25 @@ def build_matmul(spec: MatmulSpec, config: CardConfig, verify_top: int = 0) -> t
     best = ranked[0]
     program = generate_plan(spec, best.split, best.tiles, config)
     decisions = _decisions(spec, config, ranked, simulated)
+    decisions.core_count = count.to_dict()
+    if everything[0] is not ranked[0] and everything[0].split.cores > count.cores:
+        c = everything[0]
+        decisions.notes.append(f"the estimate's cheapest split, {c.split} ({c.split.cores} cores, "
+                               f"{c.est.total_s * 1e6:.2f} us), spreads the work thinner than the minimum per core")
     program.metadata["decisions"] = decisions.to_dict()
     return program, decisions
+
+
+def _core_count(p: _Problem, cfg: CardConfig) -> CoreCount:
+    """Cores for this matmul (``core_count``): its work on one core, PE cycles of every weight tile plus
+    DMA cycles of the operands read and the output written once, plus the epilogue's vector passes."""
+    rows, batch = (p.batch * p.M, 1) if p.b_shared else (p.M, p.batch)
+    pe = costs.pe_matmul_cycles(cfg, rows, p.K, p.N, p.a.layout.device_dtype, batch)
+    one_core = _assign(p, Split(1, 1, 1, 1), cfg)[0]
+    moved = sum(_core_dram_bytes(p, Split(1, 1, 1, 1), one_core))
+    steps = len(p.epilogue_steps or (["cast"] if p.needs_epilogue else []))
+    vector = steps * costs.vector_cycles(cfg, p.batch * p.M * p.N, 4)
+    return cores_for(pe + dma_cycles(cfg, moved) + vector, cfg)
 
 
 

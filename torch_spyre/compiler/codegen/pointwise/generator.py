@@ -4,16 +4,19 @@ each tile, emission, the scratchpad plan and the decisions recorded in the progr
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from ....program import Operand, Program, dram_spans, row_major_strides
+from ....card import costs
+from ....program import TRANSCENDENTAL_OPS, Operand, Program, dram_spans, row_major_strides
 from ... import access
 from ...access import TensorView
+from ...core_count import cores_for, dma_cycles
 from ...decisions import BufferDecision
-from ...placement import first_cores
+from ...placement import cores_near_memory
 from ...kernel_ir import KernelSpec, LoweringError
 from ...scratchpad import ScratchpadOverflowError, SpBuffer, plan
 from .analysis import Chunk, KernelGen
@@ -22,7 +25,7 @@ from .reduce import Reducer
 from .schedule import Scheduler, Step
 from .sym import SymInstr
 from .tiling import boxes, core_boxes, shrink, split_counts
-from .values import AddressSpanError
+from .values import AddressSpanError, itemsize
 
 
 class PointwiseGenerator(Emitter, Reducer, KernelGen):
@@ -93,9 +96,11 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
 
     # --- work division ----------------------------------------------------------------------------
     def _divide(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-        """Core boxes over x such that every output stick has one owner (checked numerically)."""
+        """Core boxes over x such that every output stick has one owner (checked numerically), on as
+        many cores as the work is worth (``core_count``)."""
         sizes = list(self.spec.x_sizes)
-        cores = self.config.num_cores
+        self.core_count = cores_for(self._work_cycles(), self.config)
+        cores = self.core_count.cores
         unit = max(self.factors) if self.factors else 64
         for u in (1, unit, sizes[-1] if sizes else 1):
             cboxes = core_boxes(sizes, split_counts(sizes, cores, u), u)
@@ -104,6 +109,47 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
                 return cboxes
         self.division = {"unit": "single core"}
         return core_boxes(sizes, [1] * len(sizes), 1)
+
+    def _work_cycles(self) -> float:
+        """The kernel's work for ``core_count``, from its DAG without analysing any access: DMA cycles
+        to read each input and write each output once (the elements the iteration space reaches, with
+        the layout's stick padding), plus one vector pass per computed value over its extent."""
+        spec = self.spec
+        x = math.prod(spec.x_sizes)
+        full = x * math.prod(spec.r_sizes)
+        elements = {"full": full, "outer": x}
+        used = self._used_values()
+        moved = 0.0
+        for buf, _op in {(self.dag.values[g].attrs["buffer"], self.dag.values[g].op) for g in used
+                         if self.dag.values[g].op in ("load", "store") and g not in self.aliases}:
+            if buf in spec.internal:
+                continue
+            layout = self.places[buf].layout
+            reached = min(math.prod(spec.buffer(buf).size), full)
+            moved += layout.nbytes * min(1.0, reached / layout.numel)
+        vector = 0
+        for g in used:
+            v = self.dag.values[g]
+            if v.op in ("load", "store", "const", "static", "indirect") or v.extent not in elements:
+                continue
+            n = full if v.op == "reduction" else elements[v.extent]
+            vector += costs.vector_cycles(self.config, n, itemsize(v.sp_dtype), v.op in TRANSCENDENTAL_OPS)
+        return dma_cycles(self.config, moved) + vector
+
+    def _used_values(self) -> set[int]:
+        """Values the stores need (merged duplicates stay in the DAG unused)."""
+        todo = [v.gid for v in self.dag.values if v.op == "store"]
+        seen: set[int] = set()
+        while todo:
+            g = todo.pop()
+            if g in seen:
+                continue
+            seen.add(g)
+            v = self.dag.values[g]
+            todo += self.dag.inputs(v) + [a for a in v.attrs.get("guards", [])]
+            if g in self.aliases:
+                todo.append(self.aliases[g])
+        return seen
 
     def _owners_disjoint(self, cboxes) -> bool:
         for v in (v for v in self.dag.values if v.op == "store" and v.attrs["buffer"] not in self.spec.internal):
@@ -128,7 +174,7 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
         self._iota_span = 1 + sum((t - 1) * st for t, st in zip(tr, row_major_strides(self.spec.r_sizes)))
         sched = Scheduler(self.dag, self.aliases, persistent)
         cores: dict[int, list[SymInstr]] = {}
-        for core, (xo, xs) in zip(first_cores(len(cboxes), self.config), cboxes):
+        for core, (xo, xs) in zip(cores_near_memory(len(cboxes), self.config), cboxes):
             steps: list[Step] = []
             for t, (txo, txs) in enumerate(boxes(xo, xs, tx)):
                 steps.extend(self._tile_steps(sched, t, txo, txs, tr, persistent))
@@ -250,6 +296,7 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
             d.buffers.append(BufferDecision(b.name, b.role, self.places[b.name].layout.describe()))
         d.work_division = {"cores": len(cboxes), "x": list(self.spec.x_sizes), "core_box": list(cboxes[0][1]) if cboxes else [],
                            **self.division}
+        d.core_count = self.core_count.to_dict()
         n_instr = sum(len(v) for v in program.cores.values())
         d.tiling = {"tile": list(tx), "r_chunk": list(tr), "persistent_reduction": persistent,
                     "phases": self.dag.n_phases, "instructions": n_instr}
