@@ -274,7 +274,7 @@ def build_element_gather(spec: GatherSpec, config: CardConfig) -> tuple[Program,
             if per_chunk == 1 or spec.chunk:
                 raise CodegenError(f"gather {spec.name}: a chunk of {largest} indices does not fit: {e}") from None
             per_chunk //= 2
-    per_core = [cs for cs in _split(chunks, count.cores) if cs]
+    per_core = [cs for cs in _split(chunks, min(config.num_cores, max(count.cores, len(chunks)))) if cs]
     buf = {b.name: b.offset for b in sp_plan.buffers}
     cores = {core: _ElementEmitter(ep, buf).run(cs, max_rows)
              for core, cs in zip(cores_near_memory(len(per_core), config), per_core)}

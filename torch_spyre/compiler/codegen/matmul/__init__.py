@@ -84,7 +84,7 @@ def build_matmul(spec: MatmulSpec, config: CardConfig, verify_top: int = 0) -> t
     plans are generated and timed with the card's timing model and the fastest is kept (an autotuning
     step: slower to compile, for kernels run often)."""
     everything = rank_plans(spec, config)
-    count = _core_count(_check(spec), config)
+    count = _core_count(_check(spec), config, everything)
     # The cost model does not see a core's fixed costs: plans spreading the work thinner than
     # core_count's minimum per core go, unless none is left (then the cheapest stands).
     ranked = [c for c in everything if c.split.cores <= count.cores] or everything
@@ -109,16 +109,19 @@ def build_matmul(spec: MatmulSpec, config: CardConfig, verify_top: int = 0) -> t
     return program, decisions
 
 
-def _core_count(p: _Problem, cfg: CardConfig) -> CoreCount:
-    """Cores for this matmul (``core_count``): its work on one core, PE cycles of every weight tile plus
-    DMA cycles of the operands read and the output written once, plus the epilogue's vector passes."""
+def _core_count(p: _Problem, cfg: CardConfig, ranked: list[Plan]) -> CoreCount:
+    """Cores for this matmul (``core_count``): its work on one core, the cost model's PE, vector and
+    DMA-channel time of the best one-core plan (ranked among the others); when no one-core plan is
+    feasible, PE cycles of every weight tile plus DMA cycles of the operands read and the output
+    written once."""
+    one = next((c for c in ranked if c.split.cores == 1), None)
+    if one is not None:
+        parts = one.est.parts
+        return cores_for((parts["pe"] + parts["vector"] + parts["dma_core"]) * cfg.clock_hz, cfg)
     rows, batch = (p.batch * p.M, 1) if p.b_shared else (p.M, p.batch)
     pe = costs.pe_matmul_cycles(cfg, rows, p.K, p.N, p.a.layout.device_dtype, batch)
-    one_core = _assign(p, Split(1, 1, 1, 1), cfg)[0]
-    moved = sum(_core_dram_bytes(p, Split(1, 1, 1, 1), one_core))
-    steps = len(p.epilogue_steps or (["cast"] if p.needs_epilogue else []))
-    vector = steps * costs.vector_cycles(cfg, p.batch * p.M * p.N, 4)
-    return cores_for(pe + dma_cycles(cfg, moved) + vector, cfg)
+    moved = sum(_core_dram_bytes(p, Split(1, 1, 1, 1), _assign(p, Split(1, 1, 1, 1), cfg)[0]))
+    return cores_for(pe + dma_cycles(cfg, moved), cfg)
 
 
 
