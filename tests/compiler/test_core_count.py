@@ -88,13 +88,13 @@ def test_the_rule_costs_at_most_a_share_against_all_cores(name):
 
 
 def test_tiny_matmul_is_not_spread():
-    """64x64x64 fp16: 680 PE cycles + 192 sticks of DMA + 128 epilogue cycles = 1000 cycles -> at most 7
-    cores, whatever the cost model would pick."""
+    """64x64x64 fp16: the cost model's best one-core plan needs 936 cycles of PE, vector and DMA -> at
+    most 6 cores, whatever the estimate would pick; the plan keeps within them."""
     cfg = load_config()
     program = matmul(64, 64, 64)(cfg)
     d = program.metadata["decisions"]
-    assert d["core_count"]["work_cycles"] == 1000 and d["core_count"]["cores"] == 7
-    assert len(program.cores) <= 7
+    assert d["core_count"]["work_cycles"] == 936 and d["core_count"]["cores"] == 6
+    assert len(program.cores) <= 6
 
 
 def _eager_add_records(a, b):
