@@ -100,13 +100,22 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
         many cores as the work is worth (``core_count``)."""
         sizes = list(self.spec.x_sizes)
         self.core_count = cores_for(self._work_cycles(), self.config)
-        cores = self.core_count.cores
         unit = max(self.factors) if self.factors else 64
-        for u in (1, unit, sizes[-1] if sizes else 1):
-            cboxes = core_boxes(sizes, split_counts(sizes, cores, u), u)
-            if len(cboxes) <= 1 or self._owners_disjoint(cboxes):
-                self.division = {"unit": u}
-                return cboxes
+        # The rule's count first; if no division of it gives every output stick one owner, the powers of
+        # two below it (they cut flattened rows at row boundaries more often: 6144 elements of 96-wide
+        # rows split into 20 parts share sticks, into 16 they do not), then one box.
+        rule = self.core_count.cores
+        for cores in [rule] + [c for c in (16, 8, 4, 2) if c < rule]:
+            for u in (1, unit):
+                cboxes = core_boxes(sizes, split_counts(sizes, cores, u), u)
+                if len(cboxes) <= 1 or self._owners_disjoint(cboxes):
+                    self.division = {"unit": u}
+                    return cboxes
+        u = sizes[-1] if sizes else 1
+        cboxes = core_boxes(sizes, split_counts(sizes, rule, u), u)
+        if len(cboxes) <= 1 or self._owners_disjoint(cboxes):
+            self.division = {"unit": u}
+            return cboxes
         self.division = {"unit": "single core"}
         return core_boxes(sizes, [1] * len(sizes), 1)
 
