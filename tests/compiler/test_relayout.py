@@ -77,13 +77,17 @@ def test_overflow_proof_skips_tile_attempts_without_changing_the_program(monkeyp
     from torch_spyre.compiler.codegen.pointwise import generator
 
     src, dst = StickLayout((1536, 384), 1, "dlfloat16"), StickLayout((1536, 384), 0, "dlfloat16")
+    # A small scratchpad, so that the first tiles overflow (with the default one the first tile fits on
+    # the cores this kernel gets), and the proof on for this small kernel too.
+    config = load_config().model_copy(update={"scratchpad_plannable_bytes": 200_000})
     builds = []
     real = generator.PointwiseGenerator._build
     monkeypatch.setattr(generator.PointwiseGenerator, "_build", lambda self, *a: builds.append(a[1]) or real(self, *a))
-    proved = relayout_program(src, dst, load_config())
+    monkeypatch.setattr(generator, "_PROOF_MIN_ELEMENTS", 1)
+    proved = relayout_program(src, dst, config)
     assert len(builds) == 1  # only the tile that fits was built
     monkeypatch.setattr(generator, "_PROOF_MIN_ELEMENTS", 1 << 62)
-    built = relayout_program(src, dst, load_config())
+    built = relayout_program(src, dst, config)
     assert len(builds) > 2
     assert _instructions(proved) == _instructions(built)
     a, b = proved.metadata["decisions"], built.metadata["decisions"]
