@@ -223,6 +223,16 @@ def test_source_view_merging_dims_needs_a_relayout(config):
         build_gather(spec, config)
 
 
+def test_index_view_merging_dims_is_refused(config):
+    """A [2, 12] index viewed as [24]: position 12 is in the second row's sticks, not at lane 12 of the
+    first row's; read as one stride per dim, a chunk of more than 12 positions would pick wrong rows."""
+    idx = TensorView("i", StickLayout((2, 12), -1, "int64"), (24,), (1,))
+    spec = GatherSpec("index_select", TensorView.contiguous("w", (100, 64), torch.float16), idx,
+                      TensorView.contiguous("o", (24, 64), torch.float16))
+    with pytest.raises(CodegenError, match="merges or splits dims of its allocation \\[2, 12\\]"):
+        build_gather(spec, config)
+
+
 @pytest.mark.parametrize("make,message", [
     (lambda: GatherSpec.embedding(10, 64, (4,), index_dtype=torch.float32), "unsupported dtype|int64 or int32"),
     (lambda: GatherSpec("embedding", TensorView.contiguous("w", (10, 64), torch.float16),

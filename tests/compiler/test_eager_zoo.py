@@ -149,3 +149,13 @@ def test_transformer_block():
         got = block(x.half().to("spyre")).cpu().float()
     torch.testing.assert_close(got, ref, atol=6e-2, rtol=5e-2)
     assert_all_programs()
+
+
+def test_index_select_with_an_index_view_merging_dims():
+    """A [2, 12] index seen as [24] crosses from one row's sticks to the next: read one stride per dim,
+    rows 12..23 picked the wrong rows once a gather chunk held more than one index (the gather now
+    refuses such views, and eager copies them first)."""
+    w, ids = rnd(100, 64).half(), torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(3))
+    got = torch.index_select(w.to("spyre"), 0, ids.to("spyre").reshape(-1))
+    torch.testing.assert_close(got.cpu().float(), w.float()[ids.reshape(-1)], **FP16_TOL)
+    assert_all_programs()

@@ -434,7 +434,9 @@ def run(op: OpOverload, info: Any, args: tuple, kwargs: dict, card: int) -> tupl
     return _results(info, bound, outs), entry.reason
 
 
-_MATMUL_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm"})
+# Whole-op generators read their operands one stride per dim: a view merging dims of its allocation
+# (e.g. a [2, 12] index seen as [24]) is copied first.
+_MATMUL_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm", "embedding", "index_select", "gather", "index"})
 
 
 def _matmul_operands_in_walkable_views(info: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

@@ -101,14 +101,14 @@ def _pe_dtype(x, is_bias: bool):
 
 
 def _lower_embedding(weight, indices, *args, **kwargs):
-    w, i = torch_inductor.realize_input(weight), torch_inductor.realize_input(indices)
+    w, i = torch_inductor.realize_input(weight), _gather_operand(indices)
     size = [*i.get_size(), w.get_size()[1]]
     return _extern("gather", "embedding", ["source", "index"], [w, i], size, w.get_dtype(),
                    {"kind": "embedding", "dim": 0})
 
 
 def _lower_index_select(x, dim, index):
-    src, idx = torch_inductor.realize_input(x), torch_inductor.realize_input(index)
+    src, idx = torch_inductor.realize_input(x), _gather_operand(index)
     dim = dim % max(len(src.get_size()), 1)
     size = list(src.get_size())
     size[dim] = idx.get_numel()

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from torch_spyre.compiler.access import CodegenError, TensorView
+from torch_spyre.compiler.access import CodegenError, TensorView, walks_layout_dims
 
 GATHER_KINDS = ("embedding", "index_select", "gather")
 INDEX_DTYPES = ("int64", "int32")
@@ -110,6 +110,13 @@ def _normalise(spec: GatherSpec) -> _Plan:
             "dim is sticked (e.g. transpose so the gathered dim is not last), or run it on the vector unit")
     for role, t in (("source", src), ("index", idx), ("out", out)):
         t.check_last_dim_sticked(f"{spec.kind} {role}")
+    # The index is read in chunks of consecutive positions, as lanes of its sticks: a view that merges
+    # dims of its allocation (a [2, 12] index seen as [24]) jumps to another row's sticks mid-chunk.
+    # (A source view like that is refused where its rows are found, with the relayout it needs.)
+    if not walks_layout_dims(idx.layout, idx.shape, idx.strides):
+        raise CodegenError(f"{spec.kind} index %{idx.name}: the view {list(idx.shape)} (strides {list(idx.strides)}) "
+                           f"merges or splits dims of its allocation {list(idx.layout.host_shape)}, which a gather "
+                           "cannot read one stride per dim; copy it to its own layout first")
     return _Plan(src, idx, out, dim, coord_map, src.shape[dim])
 
 
