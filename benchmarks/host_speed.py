@@ -10,8 +10,9 @@ Rows (each a median of ``--repeat`` calls after warm-up; ratios are spyre / CPU 
 2. a cached small eager op (64x64 fp32 add, a single-op program) against the same op on the CPU;
 3. ``SentenceTransformer(path, device="spyre").encode`` of 8 sentences (eager, cached) against
    ``device="cpu"``;
-4. a new sequence length in an already-compiled matmul-heavy graph (an MLP 384-1536-384 compiled with
-   ``dynamic=True``): host time of the first call at a new length against a repeat call;
+4. a new sequence length in an already-compiled matmul-heavy graph (compile_cost.py's row: an MLP
+   384-1536-384 compiled with ``dynamic=True``): host time of the first call at a new length against a
+   repeat call at that length;
 5. the full ``spyre run`` in a fresh process with an empty Inductor cache (not with ``--quick``).
 
 Host wall time depends on this machine and its load: the figures belong in tables like this one, never in
@@ -30,7 +31,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import argparse  # noqa: E402
 import copy  # noqa: E402
 import json  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -43,6 +43,7 @@ import torch_spyre  # noqa: E402, F401
 from torch_spyre.jobs import embed as job  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from benchmarks import compile_cost  # noqa: E402
 from benchmarks.eager import median_seconds  # noqa: E402
 
 
@@ -116,21 +117,9 @@ def sentence_transformers_encode(repeat: int) -> dict[str, Any] | None:
 
 
 def new_sequence_length(repeat: int) -> dict[str, Any]:
-    mlp = torch.nn.Sequential(torch.nn.Linear(384, 1536), torch.nn.GELU(), torch.nn.Linear(1536, 384)).half()
-    on_card = torch.compile(mlp.to("spyre"), dynamic=True)
-    with torch.no_grad():
-        on_card(torch.randn(64, 384, dtype=torch.float16).to("spyre"))  # compiles the symbolic graph
-        _sync()
-        news = []
-        for length in (96, 160, 224)[: max(1, min(3, repeat))]:
-            x = torch.randn(length, 384, dtype=torch.float16).to("spyre")
-            t0 = time.perf_counter()
-            on_card(x)
-            _sync()
-            news.append(time.perf_counter() - t0)
-        repeat_s = median_seconds(lambda: (on_card(x), _sync()), repeat, warmup=0)
-    return row("new sequence length, compiled MLP 384-1536-384", statistics.median(news), repeat_s, None,
-               "repeat call at a seen length")
+    """compile_cost.py's row (first call at each new length, then a repeat call at it), as a ratio."""
+    r = compile_cost.new_sequence_length(min(3, repeat))
+    return row(r["row"], r["first_s"], r["execute_s"], None, "repeat call at a seen length")
 
 
 def spyre_run_fresh() -> dict[str, Any]:

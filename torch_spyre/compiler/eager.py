@@ -406,7 +406,7 @@ def run(op: OpOverload, info: Any, args: tuple, kwargs: dict, card: int) -> tupl
     # Python numbers in Tensor arguments (C++'s wrapped numbers, unwrapped by the boxed call): 0-d CPU
     # tensors, which the graph takes as constants.
     args, kwargs = rewrap_numbers(info, args, kwargs)
-    args, kwargs = _matmul_operands_in_walkable_views(info, args, kwargs)
+    args, kwargs = _operands_in_walkable_views(info, args, kwargs)
     bound = bound_args(info, args, kwargs)
     reason = reason or call_host_reason(info, bound)
     if reason:
@@ -436,15 +436,16 @@ def run(op: OpOverload, info: Any, args: tuple, kwargs: dict, card: int) -> tupl
 
 # Whole-op generators read their operands one stride per dim: a view merging dims of its allocation
 # (e.g. a [2, 12] index seen as [24]) is copied first.
-_MATMUL_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm", "embedding", "index_select", "gather", "index"})
+_WHOLE_OP_GENERATOR_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm", "embedding", "index_select", "gather", "index"})
 
 
-def _matmul_operands_in_walkable_views(info: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Matmul operands whose view merges dims of their allocation are copied first (a copy program),
-    as the compiled path's lowering does (``lowerings._matmul_operand``); the copy is its own eager op."""
+def _operands_in_walkable_views(info: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Operands of matmul and gather ops whose view merges dims of their allocation are copied first (a
+    copy program), as the compiled path's lowerings do (``lowerings._matmul_operand``,
+    ``_gather_operand``); the copy is its own eager op."""
     from .kernel_runtime import walks_allocation_dims
 
-    if info.name.split(".")[0] not in _MATMUL_OPS:
+    if info.name.split(".")[0] not in _WHOLE_OP_GENERATOR_OPS:
         return args, kwargs
     written = {i for i, w in enumerate(info.is_write) if w}
     names = list(info.arg_names)

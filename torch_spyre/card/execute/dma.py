@@ -27,6 +27,15 @@ def gather_index_problem(index: np.ndarray, ins: DmaGather, program) -> str | No
             f"[0, {ins.num_rows}) ({bad.size} indices out of range){origin}")
 
 
+def gather_rows(sp: np.ndarray, buffer: np.ndarray, offset: int, ins: DmaGather, index: np.ndarray) -> None:
+    """Copy the source rows ``index`` picks (device ``buffer`` from ``offset``) into scratchpad ``sp`` at
+    the gather's destination: the data movement of a DmaGather, for both executors."""
+    row_bytes = ins.row_sticks * STICK_BYTES
+    rows = np.ndarray((max(ins.num_rows, 1), row_bytes), np.uint8, buffer=buffer, offset=offset,
+                      strides=(ins.row_stride, 1))
+    sp[ins.sp_offset: ins.sp_offset + index.size * row_bytes] = rows[index].reshape(-1)
+
+
 class DmaEngine:
     """Mixed into the execution; uses its ``card``, ``program``, ``stats``, ``segments`` and ``accesses``."""
 
@@ -99,9 +108,7 @@ class DmaEngine:
             address = int(st.addrs[st.pc])
             rows_hi = (ins.num_rows - 1) * ins.row_stride + row_bytes if ins.num_rows else 0
             buf, off = self._device_buffer(st, address, 0, max(rows_hi, row_bytes))
-            rows = np.ndarray((max(ins.num_rows, 1), row_bytes), np.uint8, buffer=buf, offset=off,
-                              strides=(ins.row_stride, 1))
-            st.sp[ins.sp_offset: ins.sp_offset + n * row_bytes] = rows[index].reshape(-1)
+            gather_rows(st.sp, buf, off, ins, index)
             mask = st.written[ins.sp_offset: ins.sp_offset + n * row_bytes]
             self._mark_written(st, mask, ins.sp_offset + n * row_bytes)
             first = (address + index * ins.row_stride) // STICK_BYTES

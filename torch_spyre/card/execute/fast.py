@@ -29,7 +29,7 @@ import numpy as np
 
 from ...program import STICK_BYTES, DmaGather, DmaLoad, DmaStore, Elementwise, MatMul, Program, Reduce, RingSend, Scalar, SpTensor
 from .. import vector_ops
-from .dma import gather_index_problem
+from .dma import gather_index_problem, gather_rows
 from .driver import single_threaded_pools
 from .schedule import Group, lockstep_rounds
 from .state import ExecutionError, Scratchpads, scratchpads
@@ -44,8 +44,7 @@ class FastPlan:
         self.program = program
         self.pads: Scratchpads = scratchpads(card)
         self.steps: list[Step] = []
-        self.rounds = lockstep_rounds(program)
-        for groups in self.rounds:
+        for groups in lockstep_rounds(program):
             for group in groups:
                 self.steps.extend(self._plan(group))
         # BLAS (matmul) and torch's kernels (the position-dependent ops) split work over threads, which
@@ -146,7 +145,6 @@ class FastPlan:
         program = self.program
         run = [(core, index)]
         idx_view = self._tensor(run, ins.index)
-        row_bytes = ins.row_sticks * STICK_BYTES
         sp = self.pads.block[core]
 
         def gather(memory: Any, dma_addresses: dict) -> None:
@@ -154,12 +152,9 @@ class FastPlan:
             problem = gather_index_problem(values, ins, program)
             if problem:
                 raise ExecutionError(problem, core, index, ins)
-            n = values.size
-            if n:
+            if values.size:
                 alloc, off = memory.find(int(dma_addresses[core][index]))
-                rows = np.ndarray((max(ins.num_rows, 1), row_bytes), np.uint8, buffer=alloc.buffer, offset=off,
-                                  strides=(ins.row_stride, 1))
-                sp[ins.sp_offset: ins.sp_offset + n * row_bytes] = rows[values].reshape(-1)
+                gather_rows(sp, alloc.buffer, off, ins, values)
 
         return gather
 
