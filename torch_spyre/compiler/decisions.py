@@ -29,6 +29,9 @@ class KernelDecisions:
     source_lines: list[str] = field(default_factory=list)  # "file.py:123 in forward: x = a + b"
     buffers: list[BufferDecision] = field(default_factory=list)
     work_division: dict[str, Any] = field(default_factory=dict)  # e.g. {"cores": 32, "split": {"M": 8, "N": 4}}
+    # How many cores the work is worth (compiler/core_count.py's CoreCount.to_dict(): cores, work_cycles,
+    # min_cycles_per_core, available, why).
+    core_count: dict[str, Any] = field(default_factory=dict)
     tiling: dict[str, Any] = field(default_factory=dict)  # e.g. {"tile": [64, 128], "steps": 16}
     scratchpad: dict[str, Any] = field(default_factory=dict)  # {"peak_bytes": ..., "capacity": ..., "buffers": {...}}
     overlap: dict[str, Any] = field(default_factory=dict)  # e.g. {"double_buffered": ["a", "b"]}
@@ -53,6 +56,8 @@ class KernelDecisions:
         for b in self.buffers:
             extra = f"  (relayout from {b.relayout_from})" if b.relayout_from else ""
             lines.append(f"  {b.role:<12} {b.name}: {b.layout}{extra}")
+        if self.core_count:
+            lines.append(f"  cores: {self.core_count['cores']} ({self.core_count['why']})")
         for title, d in (("work division", self.work_division), ("tiling", self.tiling),
                          ("scratchpad", self.scratchpad), ("overlap", self.overlap)):
             if d:

@@ -3,9 +3,9 @@
 Device memory sits at one ring stop (``memory_ring_stop``); every DMA rides the ring between it and a
 core. A kernel on fewer cores than the card has therefore takes the cores nearest the memory stop,
 alternating between its two sides, so that its DRAM traffic splits over both ring directions instead of
-queueing on the links on one side. Cores that work together (K-split partners of a matmul that exchange
-partial sums) sit on adjacent stops. Pointwise/reduction kernels still take cores 0..n-1
-(:func:`first_cores`), for now.
+queueing on the links on one side; every generator places its work lists this way. Cores that work
+together (K-split partners of a matmul that exchange partial sums) sit on adjacent stops. How many cores
+a kernel takes is ``core_count.py``'s rule.
 """
 
 from __future__ import annotations
@@ -23,17 +23,6 @@ def cores_near_memory(n: int, config: CardConfig) -> list[int]:
             if c not in out and len(out) < n:
                 out.append(c)
     return out
-
-
-def first_cores(n: int, config: CardConfig) -> list[int]:
-    """Cores 0..n-1 for ``n`` work lists: where the pointwise/reduction generator puts its core boxes.
-
-    Kept apart from :func:`cores_near_memory` only so that every simulated figure stays identical in the
-    architecture step: moving pointwise kernels to the cores near the memory stop changes the simulated
-    time of some of them (49 of the 280 kernels the compile tests generate, by -1.7 % to +0.4 %: their
-    DRAM traffic then splits over both ring directions). The simulator-speed issue (small kernels on few
-    cores) will unify the two policies; ``config`` is taken so that the call sites switch by name alone."""
-    return list(range(n))
 
 
 def partner_groups(groups: int, k: int, config: CardConfig) -> list[tuple[int, ...]]:

@@ -54,7 +54,7 @@ from typing import Any
 
 from torch_spyre.card.config import CardConfig
 from torch_spyre.compiler.access import CodegenError, TensorView
-from torch_spyre.compiler.codegen.attention.cost import _estimate, _item_cycles, _max_items_per_core
+from torch_spyre.compiler.codegen.attention.cost import _core_count, _estimate, _item_cycles, _max_items_per_core
 from torch_spyre.compiler.codegen.attention.emit import _CoreEmitter
 from torch_spyre.compiler.codegen.attention.plan import Tiling, WorkItem, _assign, _candidates, _work_items
 from torch_spyre.compiler.codegen.attention.spec import AttentionSpec, _broadcast_mask, _check_spec, _Dims
@@ -116,7 +116,8 @@ def build_attention(spec: AttentionSpec, config: CardConfig) -> tuple[Program, K
     tiling, sp_plan, considered = _choose_tiling(spec, dims, mask, config)
     items = _work_items(dims, tiling, spec.is_causal)
     cycles = [_item_cycles(config, dims, it, mask is not None) for it in items]
-    per_core = _assign(cycles, min(config.num_cores, len(items)))
+    count = _core_count(config, cycles)
+    per_core = _assign(cycles, count.cores)
     buf = {b.name: b.offset for b in sp_plan.buffers}
 
     cores: dict[int, list[Instruction]] = {}
@@ -130,6 +131,7 @@ def build_attention(spec: AttentionSpec, config: CardConfig) -> tuple[Program, K
                 totals[k] += em.stats[k]
 
     decisions = _decisions(spec, dims, tiling, sp_plan, per_core, items, cycles, totals, considered, mask)
+    decisions.core_count = count.to_dict()
     program = Program(spec.name, _operands(spec), cores, {"kind": "attention", "decisions": decisions.to_dict()})
     return program, decisions
 

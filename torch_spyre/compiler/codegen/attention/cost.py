@@ -15,6 +15,7 @@ from torch_spyre.compiler.codegen.attention.plan import Tiling, WorkItem, _assig
 from torch_spyre.compiler.codegen.attention.spec import AttentionSpec, _Dims
 from torch_spyre.compiler.codegen.attention.tiles import _mask_sticks, _tile_sticks
 from torch_spyre.compiler.codegen.sticks import dram_runs
+from torch_spyre.compiler.core_count import CoreCount, cores_for
 from torch_spyre.program import STICK_BYTES
 
 
@@ -90,7 +91,7 @@ def _estimate(cfg: CardConfig, spec: AttentionSpec, dims: _Dims, t: Tiling, mask
     cores), plus part of the other, plus the fixed cost."""
     items = _work_items(dims, t, spec.is_causal)
     cycles = [_item_cycles(cfg, dims, it, mask is not None) for it in items]
-    n_cores = min(cfg.num_cores, len(items))
+    n_cores = _core_count(cfg, cycles).cores
     compute_s = max(sum(cycles[i] for i in core) for core in _assign(cycles, n_cores)) / cfg.clock_hz
     reads_s, writes_s, turn_s = _dram_seconds(cfg, spec, dims, t, items, mask)
     longest = max(items, key=lambda it: len(it.k_blocks))
@@ -112,4 +113,9 @@ def _estimate(cfg: CardConfig, spec: AttentionSpec, dims: _Dims, t: Tiling, mask
 def _max_items_per_core(cfg: CardConfig, dims: _Dims, t: Tiling, causal: bool, has_mask: bool) -> int:
     items = _work_items(dims, t, causal)
     cycles = [_item_cycles(cfg, dims, it, has_mask) for it in items]
-    return max(len(c) for c in _assign(cycles, min(cfg.num_cores, len(items))))
+    return max(len(c) for c in _assign(cycles, _core_count(cfg, cycles).cores))
+
+
+def _core_count(cfg: CardConfig, cycles: list[float]) -> CoreCount:
+    """Cores for work items of these estimated cycles (``core_count``), at most one per item."""
+    return cores_for(sum(cycles), cfg, parts=len(cycles))

@@ -31,7 +31,7 @@ from torch_spyre.card.config import CardConfig
 from torch_spyre.compiler.access import CodegenError, TensorView
 from torch_spyre.compiler.codegen.gather.element import ELEMENT_CHUNK_BYTES, build_element_gather
 from torch_spyre.compiler.codegen.gather.emit import _emit_chunk
-from torch_spyre.compiler.codegen.gather.plan import _Chunk, _choose_chunks, _chunk_plans, _chunk_size, _split
+from torch_spyre.compiler.codegen.gather.plan import _Chunk, _choose_chunks, _chunk_plans, _chunk_size, _core_count, _split
 from torch_spyre.compiler.codegen.gather.rows import _RowSticks, _source_rows
 from torch_spyre.compiler.codegen.gather.spec import (
     GATHER_KINDS,
@@ -62,10 +62,13 @@ def build_gather(spec: GatherSpec, config: CardConfig) -> tuple[Program, KernelD
     p = _normalise(spec)
     rows = _source_rows(p)
     idx_rows = int(np.prod(p.index.shape[:-1])) if len(p.index.shape) > 1 else 1
-    per_chunk = _chunk_size(p, rows, spec, config)
+    count = _core_count(p, rows, config)
+    per_chunk = _chunk_size(p, rows, spec, config, count.cores)
     plans = _chunk_plans(idx_rows, p.index.shape[-1], per_chunk, p.index.lanes)
     plan_name, chunks, plan_scores = _choose_chunks(p, rows, plans)
-    per_core = _split(chunks, config.num_cores)
+    # A chunk pays its DMA latencies in turn (index load, one gather per run, stores), a fixed cost of
+    # its own: chunking by output bursts can make more chunks than cores, and then each gets its core.
+    per_core = _split(chunks, min(config.num_cores, max(count.cores, len(chunks))))
     largest = max(chunks, key=lambda c: c.size)
     row_bytes = rows.sticks_per_key * len(rows.keys) * STICK_BYTES
     idx_bytes = (largest.r1 - largest.r0) * (-(-(largest.c1 - largest.c0 + p.index.lanes - 1) // p.index.lanes) + 1) * STICK_BYTES
@@ -80,6 +83,10 @@ def build_gather(spec: GatherSpec, config: CardConfig) -> tuple[Program, KernelD
     cores = {core: [i for n, c in enumerate(cs) for i in _emit_chunk(p, rows, c, buf, n % 2)]
              for core, cs in zip(cores_near_memory(len(per_core), config), per_core)}
     decisions = _gather_decisions(spec, p, rows, per_core, per_chunk, sp_plan)
+    decisions.core_count = count.to_dict()
+    if len(per_core) > count.cores:
+        decisions.notes.append(f"{len(chunks)} chunks (cut by output bursts) for a work of {count.cores} core(s): "
+                               f"one chunk per core on {len(per_core)} cores")
     decisions.tiling["chunking"] = plan_name
     decisions.alternatives.insert(0, {"option": "chunking by output DRAM bursts per index", **plan_scores,
                                       "chosen": plan_name})

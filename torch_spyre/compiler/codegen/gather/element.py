@@ -13,12 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from torch_spyre.card import costs
 from torch_spyre.card.config import CardConfig
 from torch_spyre.compiler.access import CodegenError, TensorView
 from torch_spyre.compiler.codegen.emitter import Emitter
 from torch_spyre.compiler.codegen.gather.plan import _Chunk, _lead_coords, _split
 from torch_spyre.compiler.codegen.gather.spec import INDEX_DTYPES, GatherSpec
 from torch_spyre.compiler.codegen.sticks import check_owns_sticks, dma_tile
+from torch_spyre.compiler.core_count import CoreCount, cores_for, dma_cycles
 from torch_spyre.compiler.decisions import BufferDecision, KernelDecisions
 from torch_spyre.compiler.placement import cores_near_memory
 from torch_spyre.compiler.scratchpad import ScratchpadOverflowError, SpBuffer, plan
@@ -246,11 +248,21 @@ def _element_buffers(ep: _ElementPlan, per_chunk: int, max_rows: int) -> list[Sp
     return out
 
 
+def _core_count(ep: _ElementPlan, config: CardConfig) -> CoreCount:
+    """Cores for an element gather (``core_count``): per index, two stick reads (the range check and the
+    value), the one-hot select of a stick's lanes and its row sum on the vector unit (fp32), and the
+    value stored."""
+    n = ep.rows * ep.cols
+    vector = 2 * costs.vector_cycles(config, n * ep.source.lanes, 4)
+    return cores_for(dma_cycles(config, n * (2 * STICK_BYTES + ep.out.itemsize)) + vector, config, parts=n)
+
+
 def build_element_gather(spec: GatherSpec, config: CardConfig) -> tuple[Program, KernelDecisions]:
     """torch.gather along the source's stick (last) dim, element by element (see the section comment)."""
     ep = _element_plan(spec)
+    count = _core_count(ep, config)
     per_chunk = spec.chunk or max(1, min(config.scratchpad_plannable_bytes // (2 * ELEMENT_CHUNK_BYTES),
-                                         -(-ep.rows * ep.cols // config.num_cores)))
+                                         -(-ep.rows * ep.cols // count.cores)))
     while True:  # the estimate per index ignores the rows' stick padding: halve until the plan fits
         chunks = _element_chunks(ep, per_chunk)
         max_rows = max(c.r1 - c.r0 for c in chunks)
@@ -262,7 +274,7 @@ def build_element_gather(spec: GatherSpec, config: CardConfig) -> tuple[Program,
             if per_chunk == 1 or spec.chunk:
                 raise CodegenError(f"gather {spec.name}: a chunk of {largest} indices does not fit: {e}") from None
             per_chunk //= 2
-    per_core = [cs for cs in _split(chunks, config.num_cores) if cs]
+    per_core = [cs for cs in _split(chunks, min(config.num_cores, max(count.cores, len(chunks)))) if cs]
     buf = {b.name: b.offset for b in sp_plan.buffers}
     cores = {core: _ElementEmitter(ep, buf).run(cs, max_rows)
              for core, cs in zip(cores_near_memory(len(per_core), config), per_core)}
@@ -272,6 +284,7 @@ def build_element_gather(spec: GatherSpec, config: CardConfig) -> tuple[Program,
     sizes = [sum(c.size for c in cs) for cs in per_core]
     dec.work_division = {"unit": "index rows (output rows own their sticks)", "cores": len(per_core),
                          "positions_per_core": [min(sizes), max(sizes)], "chunks": len(chunks)}
+    dec.core_count = count.to_dict()
     dec.tiling = {"mode": "element gather along the stick dim", "positions_per_chunk": per_chunk,
                   "gathers_per_chunk": 2, "valid_rows": ep.valid, "dim": len(ep.source.shape) - 1}
     dec.scratchpad = {"peak_bytes": sp_plan.peak_bytes, "capacity": sp_plan.capacity,

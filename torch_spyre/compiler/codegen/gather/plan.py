@@ -13,6 +13,7 @@ from torch_spyre.card.config import CardConfig
 from torch_spyre.compiler.codegen.gather.rows import _RowSticks, _out_sticks
 from torch_spyre.compiler.codegen.gather.spec import GatherSpec, _Plan
 from torch_spyre.compiler.codegen.sticks import dram_runs
+from torch_spyre.compiler.core_count import CoreCount, cores_for, dma_cycles
 from torch_spyre.program import STICK_BYTES
 
 
@@ -75,16 +76,24 @@ def _split(chunks: list[_Chunk], cores: int) -> list[list[_Chunk]]:
     return out
 
 
-def _chunk_size(p: _Plan, rows: _RowSticks, spec: GatherSpec, config: CardConfig) -> int:
-    """Positions per chunk: enough to spread the work over every core, no more than two buffer sets of
-    gathered rows (plus the index sticks) fit in the scratchpad."""
+def _chunk_size(p: _Plan, rows: _RowSticks, spec: GatherSpec, config: CardConfig, cores: int) -> int:
+    """Positions per chunk: enough to spread the work over ``cores`` cores, no more than two buffer sets
+    of gathered rows (plus the index sticks) fit in the scratchpad."""
     n = int(np.prod(p.index.shape))
     if spec.chunk:
         return spec.chunk
     row_bytes = rows.sticks_per_key * len(rows.keys) * STICK_BYTES
     fit = (config.scratchpad_plannable_bytes // 2 - 4 * STICK_BYTES) // (row_bytes + p.index.layout.itemsize)
-    spread = -(-n // config.num_cores)
+    spread = -(-n // cores)
     return max(1, min(fit, spread))
+
+
+def _core_count(p: _Plan, rows: _RowSticks, config: CardConfig) -> CoreCount:
+    """Cores for a row gather (``core_count``): its work is DMA, each position's row sticks gathered
+    into scratchpad and stored again, plus the index sticks."""
+    n = int(np.prod(p.index.shape))
+    row_bytes = rows.sticks_per_key * len(rows.keys) * STICK_BYTES
+    return cores_for(dma_cycles(config, n * (2 * row_bytes + p.index.layout.itemsize)), config, parts=n)
 
 
 def _lead_coords(shape: tuple[int, ...], r0: int, r1: int) -> np.ndarray:

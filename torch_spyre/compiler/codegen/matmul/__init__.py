@@ -40,12 +40,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from ....card import costs
 from ....card.config import CardConfig
 from ....program import Program
 from ... import scratchpad
 from ...access import TensorView
+from ...core_count import CoreCount, cores_for, dma_cycles
 from ...decisions import BufferDecision, KernelDecisions
-from .cost import Estimate, estimate
+from .cost import Estimate, _core_dram_bytes, estimate
 from .emit import generate_plan
 from .plan import Split, Tiles, _assign, _buffers, _core_shape
 from .search import (Plan, _best_tiles, _core_span, _span_ok, cached_rank_plans, naive_split, plan_for_split,
@@ -84,7 +86,13 @@ def build_matmul(spec: MatmulSpec, config: CardConfig, verify_top: int = 0) -> t
     plans are generated and timed with the card's timing model and the fastest is kept (an autotuning
     step: slower to compile, for kernels run often)."""
     # The decisions list the 8 cheapest plans and the cheapest without a K-split: only those are needed.
-    ranked = cached_rank_plans(spec, config, keep=max(_RECORDED_PLANS, verify_top))
+    keep = max(_RECORDED_PLANS, verify_top)
+    count = _core_count(_check(spec), config)
+    cheapest = cached_rank_plans(spec, config, keep=keep)
+    # The cost model does not see a core's fixed costs: plans spreading the work thinner than
+    # core_count's minimum per core go, unless none is left (then the cheapest stands).
+    ranked = cheapest if cheapest[0].split.cores <= count.cores else cached_rank_plans(spec, config, keep=keep,
+                                                                                       max_cores=count.cores)
     simulated: dict[int, float] = {}
     if verify_top > 1:
         from ....card.timing import time_program  # the card's own clock, used only when asked
@@ -97,8 +105,28 @@ def build_matmul(spec: MatmulSpec, config: CardConfig, verify_top: int = 0) -> t
     best = ranked[0]
     program = generate_plan(spec, best.split, best.tiles, config)
     decisions = _decisions(spec, config, ranked, simulated)
+    decisions.core_count = count.to_dict()
+    if cheapest[0] is not ranked[0] and cheapest[0].split.cores > count.cores:
+        c = cheapest[0]
+        decisions.notes.append(f"the estimate's cheapest split, {c.split} ({c.split.cores} cores, "
+                               f"{c.est.total_s * 1e6:.2f} us), spreads the work thinner than the minimum per core")
     program.metadata["decisions"] = decisions.to_dict()
     return program, decisions
+
+
+def _core_count(p: _Problem, cfg: CardConfig) -> CoreCount:
+    """Cores for this matmul (``core_count``): its work on one core, the cost model's PE, vector and
+    DMA-channel time of the best one-core plan; when no one-core plan is feasible, PE cycles of every
+    weight tile plus DMA cycles of the operands read and the output written once."""
+    single = Split(1, 1, 1, 1)
+    one = _best_tiles(p, single, cfg) if _span_ok(p, single, cfg) else None
+    if one is not None:
+        parts = one.est.parts
+        return cores_for((parts["pe"] + parts["vector"] + parts["dma_core"]) * cfg.clock_hz, cfg)
+    rows, batch = (p.batch * p.M, 1) if p.b_shared else (p.M, p.batch)
+    pe = costs.pe_matmul_cycles(cfg, rows, p.K, p.N, p.a.layout.device_dtype, batch)
+    moved = sum(_core_dram_bytes(p, Split(1, 1, 1, 1), _assign(p, Split(1, 1, 1, 1), cfg)[0]))
+    return cores_for(pe + dma_cycles(cfg, moved), cfg)
 
 
 

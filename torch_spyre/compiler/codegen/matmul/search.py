@@ -111,8 +111,12 @@ def _core_span(p: _Problem, w: _CoreWork) -> int:
     return total
 
 
-def rank_plans(spec: MatmulSpec, config: CardConfig, top: int | None = None, keep: int | None = None) -> list[Plan]:
+def rank_plans(spec: MatmulSpec, config: CardConfig, top: int | None = None, keep: int | None = None,
+               max_cores: int | None = None) -> list[Plan]:
     """Every feasible split with its best tiles, cheapest estimate first.
+
+    With ``max_cores``: only splits over at most that many cores (``core_count``'s minimum work per
+    core), unless none of them has a plan (then every split, as without it).
 
     With ``keep`` = n: the n cheapest plans and the cheapest without a K-split, exactly as in the full
     ranking (same plans, same order), followed by whichever other splits had to be scored to prove it.
@@ -126,7 +130,10 @@ def rank_plans(spec: MatmulSpec, config: CardConfig, top: int | None = None, kee
             feasible.append((i, s))
         else:
             over_span += 1
-    scored = _scored_splits(p, feasible, config, keep)
+    allowed = [(i, s) for i, s in feasible if max_cores is None or s.cores <= max_cores]
+    scored = _scored_splits(p, allowed, config, keep)
+    if not scored and len(allowed) < len(feasible):
+        scored = _scored_splits(p, feasible, config, keep)
     choices = [c for _, _, c in sorted(scored, key=lambda x: (x[0], x[1]))]
     if not choices:
         if over_span:
@@ -148,27 +155,28 @@ PLAN_CACHE_SIZE = 1024
 plan_cache_stats = {"hits": 0, "misses": 0}
 
 
-def plan_key(spec: MatmulSpec, config: CardConfig, keep: int | None) -> tuple:
+def plan_key(spec: MatmulSpec, config: CardConfig, keep: int | None, max_cores: int | None = None) -> tuple:
     """Everything :func:`rank_plans` reads: the operands' shapes, strides, storage offsets and layouts (not
-    their names), alpha, beta, the kind, the epilogue, the card's configuration, and ``keep``."""
+    their names), alpha, beta, the kind, the epilogue, the card's configuration, ``keep`` and ``max_cores``."""
     def anon(view, role: str):
         return None if view is None else replace(view, name=role)
 
     return (anon(spec.a, "a"), anon(spec.b, "b"), anon(spec.out, "out"), anon(spec.bias, "bias"),
-            anon(spec.residual, "residual"), spec.alpha, spec.beta, spec.kind, spec.activation, config, keep)
+            anon(spec.residual, "residual"), spec.alpha, spec.beta, spec.kind, spec.activation, config, keep, max_cores)
 
 
-def cached_rank_plans(spec: MatmulSpec, config: CardConfig, keep: int | None = None) -> list[Plan]:
+def cached_rank_plans(spec: MatmulSpec, config: CardConfig, keep: int | None = None,
+                      max_cores: int | None = None) -> list[Plan]:
     """:func:`rank_plans` once per :func:`plan_key` (a copy of the list; the plans themselves are shared and
     never modified)."""
-    key = plan_key(spec, config, keep)
+    key = plan_key(spec, config, keep, max_cores)
     with _PLANS_LOCK:
         ranked = _PLANS.get(key)
         if ranked is not None:
             _PLANS.move_to_end(key)
             plan_cache_stats["hits"] += 1
             return list(ranked)
-    ranked = rank_plans(spec, config, keep=keep)
+    ranked = rank_plans(spec, config, keep=keep, max_cores=max_cores)
     with _PLANS_LOCK:
         plan_cache_stats["misses"] += 1
         _PLANS[key] = ranked

@@ -10,12 +10,14 @@ from typing import Any
 
 import numpy as np
 
+from ....card import costs
 from ....card.layout import sorted_unique
-from ....program import Operand, Program, dram_spans, row_major_strides
+from ....program import TRANSCENDENTAL_OPS, Operand, Program, dram_spans, row_major_strides
 from ... import access
 from ...access import TensorView
+from ...core_count import cores_for, dma_cycles
 from ...decisions import BufferDecision
-from ...placement import first_cores
+from ...placement import cores_near_memory
 from ...kernel_ir import KernelSpec, LoweringError
 from ...scratchpad import ScratchpadOverflowError, SpBuffer, plan
 from .analysis import Chunk, KernelGen
@@ -24,7 +26,7 @@ from .reduce import Reducer
 from .schedule import Scheduler, Step
 from .sym import SymInstr
 from .tiling import boxes, core_boxes, shrink, shrink_outer, split_counts
-from .values import AddressSpanError
+from .values import AddressSpanError, itemsize
 
 
 # Kernels whose first core's box has fewer elements (x times reduction chunk) build every tile attempt.
@@ -141,17 +143,69 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
 
     # --- work division ----------------------------------------------------------------------------
     def _divide(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-        """Core boxes over x such that every output stick has one owner (checked numerically)."""
+        """Core boxes over x such that every output stick has one owner (checked numerically), on as
+        many cores as the work is worth (``core_count``)."""
         sizes = list(self.spec.x_sizes)
-        cores = self.config.num_cores
+        self.core_count = cores_for(self._work_cycles(), self.config)
         unit = max(self.factors) if self.factors else 64
-        for u in (1, unit, sizes[-1] if sizes else 1):
-            cboxes = core_boxes(sizes, split_counts(sizes, cores, u), u)
-            if len(cboxes) <= 1 or self._owners_disjoint(cboxes):
-                self.division = {"unit": u}
-                return cboxes
+        # The rule's count first; if no division of it gives every output stick one owner, the powers of
+        # two below it (they cut flattened rows at row boundaries more often: 6144 elements of 96-wide
+        # rows split into 20 parts share sticks, into 16 they do not), then one box.
+        rule = self.core_count.cores
+        for cores in [rule] + [c for c in (16, 8, 4, 2) if c < rule]:
+            for u in (1, unit):
+                cboxes = core_boxes(sizes, split_counts(sizes, cores, u), u)
+                if len(cboxes) <= 1 or self._owners_disjoint(cboxes):
+                    self.division = {"unit": u}
+                    return cboxes
+        u = sizes[-1] if sizes else 1
+        cboxes = core_boxes(sizes, split_counts(sizes, rule, u), u)
+        if len(cboxes) <= 1 or self._owners_disjoint(cboxes):
+            self.division = {"unit": u}
+            return cboxes
         self.division = {"unit": "single core"}
         return core_boxes(sizes, [1] * len(sizes), 1)
+
+    def _work_cycles(self) -> float:
+        """The kernel's work for ``core_count``, from its DAG without analysing any access: DMA cycles
+        to read each input and write each output once (the elements the iteration space reaches, with
+        the layout's stick padding), plus one vector pass per computed value over its extent."""
+        spec = self.spec
+        x = math.prod(spec.x_sizes)
+        full = x * math.prod(spec.r_sizes)
+        elements = {"full": full, "outer": x}
+        used = self._used_values()
+        moved = 0.0
+        for buf, _op in {(self.dag.values[g].attrs["buffer"], self.dag.values[g].op) for g in used
+                         if self.dag.values[g].op in ("load", "store") and g not in self.aliases}:
+            if buf in spec.internal:
+                continue
+            layout = self.places[buf].layout
+            reached = min(math.prod(spec.buffer(buf).size), full)
+            moved += layout.nbytes * min(1.0, reached / layout.numel)
+        vector = 0
+        for g in used:
+            v = self.dag.values[g]
+            if v.op in ("load", "store", "const", "static", "indirect") or v.extent not in elements:
+                continue
+            n = full if v.op == "reduction" else elements[v.extent]
+            vector += costs.vector_cycles(self.config, n, itemsize(v.sp_dtype), v.op in TRANSCENDENTAL_OPS)
+        return dma_cycles(self.config, moved) + vector
+
+    def _used_values(self) -> set[int]:
+        """Values the stores need (merged duplicates stay in the DAG unused)."""
+        todo = [v.gid for v in self.dag.values if v.op == "store"]
+        seen: set[int] = set()
+        while todo:
+            g = todo.pop()
+            if g in seen:
+                continue
+            seen.add(g)
+            v = self.dag.values[g]
+            todo += self.dag.inputs(v) + [a for a in v.attrs.get("guards", [])]
+            if g in self.aliases:
+                todo.append(self.aliases[g])
+        return seen
 
     def _owners_disjoint(self, cboxes) -> bool:
         for v in (v for v in self.dag.values if v.op == "store" and v.attrs["buffer"] not in self.spec.internal):
@@ -176,7 +230,7 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
         self._iota_span = 1 + sum((t - 1) * st for t, st in zip(tr, row_major_strides(self.spec.r_sizes)))
         sched = Scheduler(self.dag, self.aliases, persistent)
         cores: dict[int, list[SymInstr]] = {}
-        for core, (xo, xs) in zip(first_cores(len(cboxes), self.config), cboxes):
+        for core, (xo, xs) in zip(cores_near_memory(len(cboxes), self.config), cboxes):
             steps: list[Step] = []
             for t, (txo, txs) in enumerate(boxes(xo, xs, tx)):
                 steps.extend(self._tile_steps(sched, t, txo, txs, tr, persistent))
@@ -298,6 +352,7 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
             d.buffers.append(BufferDecision(b.name, b.role, self.places[b.name].layout.describe()))
         d.work_division = {"cores": len(cboxes), "x": list(self.spec.x_sizes), "core_box": list(cboxes[0][1]) if cboxes else [],
                            **self.division}
+        d.core_count = self.core_count.to_dict()
         n_instr = sum(len(v) for v in program.cores.values())
         d.tiling = {"tile": list(tx), "r_chunk": list(tr), "persistent_reduction": persistent,
                     "phases": self.dag.n_phases, "instructions": n_instr}

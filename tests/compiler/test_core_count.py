@@ -1,0 +1,143 @@
+"""How many cores a kernel takes (compiler/core_count.py): the rule, its record in the decisions, and the
+timing model's word that the cores it saves cost (almost) no simulated time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import torch_spyre
+import torch_spyre.profiler
+from benchmarks.small_kernels import SMALL, elementwise, matmul, sweep
+from torch_spyre.card import Card, StickLayout, load_config
+from torch_spyre.card.timing import time_program
+from torch_spyre.compiler import eager
+from torch_spyre.compiler.core_count import cores_for, forcing, min_cycles_per_core
+from torch_spyre.compiler.decisions import KernelDecisions
+
+from .spyre_compile_helpers import fresh
+from .test_pointwise import add_spec, run
+
+
+def test_min_work_per_core_is_one_dram_latency():
+    cfg = load_config()
+    assert min_cycles_per_core(cfg) == 165  # 150 ns x 1.1 GHz
+    assert min_cycles_per_core(load_config(dram_latency_s=300e-9, clock_hz=1.0e9)) == 300
+    works = (0, 164, 165, 166, 330, 331, 31 * 165, 31 * 165 + 1, 10**9)
+    assert [cores_for(w, cfg).cores for w in works] == [1, 1, 1, 2, 2, 3, 31, 32, 32]
+    assert cores_for(10**9, cfg, parts=12).cores == 12  # never more cores than work items
+    assert cores_for(10**9, load_config(num_cores=8)).cores == 8
+    count = cores_for(512, cfg)
+    assert count.to_dict() == {"cores": 4, "work_cycles": 512, "min_cycles_per_core": 165, "available": 32,
+                               "forced": False, "why": count.why()}
+    assert count.why() == "512 cycles of work: a core per 165 cycles (one DRAM latency) of work, so 4 of 32 cores"
+    with forcing(7):
+        assert cores_for(10, cfg).cores == 7 and "forced" in cores_for(10, cfg).why()
+        assert cores_for(10, cfg, parts=3).cores == 3
+    assert cores_for(10, cfg).cores == 1  # back to the rule
+    with pytest.raises(ValueError, match="at least one core"):
+        with forcing(0):
+            pass
+
+
+def test_small_add_takes_few_cores_no_slower_than_all_and_right():
+    """64x64 fp32 add: 384 sticks of DMA + 128 vector cycles = 512 cycles of work -> 4 cores, and the
+    timing model finds it no slower than the same kernel on 32 cores."""
+    cfg = load_config()
+    n = 64
+    idx = f"{n}*x0 + x1"
+    spec = add_spec([n, n], idx, idx, idx)
+    lay = StickLayout((n, n), 1, "float32")
+    a, b = np.random.randn(n * n).astype(np.float32), np.random.randn(n * n).astype(np.float32)
+    out, program = run(spec, {"a": a, "b": b}, {"a": lay, "b": lay, "out": lay}, config=cfg)
+    np.testing.assert_allclose(out["out"], a + b, rtol=1e-6)
+    assert len(program.cores) == 4
+    d = KernelDecisions.from_dict(program.metadata["decisions"])
+    assert d.core_count["cores"] == 4 and d.core_count["work_cycles"] == 512
+    assert "cores: 4 (512 cycles of work" in d.format()
+    assert sorted(program.cores) == [0, 1, 2, 31]  # nearest the memory stop, both sides
+    with forcing(32):
+        out32, spread = run(spec, {"a": a, "b": b}, {"a": lay, "b": lay, "out": lay}, config=cfg)
+    assert len(spread.cores) == 32
+    np.testing.assert_array_equal(out32["out"], out["out"])
+    assert time_program(program, cfg).total_s <= time_program(spread, cfg).total_s
+
+
+def test_big_tensors_still_take_every_core():
+    cfg = load_config()
+    for build in (elementwise((256, 256)), elementwise((512, 512), dtype="float16"), elementwise((128, 384), "exp", "float16")):
+        program = build(cfg)
+        assert len(program.cores) == 32
+        assert program.metadata["decisions"]["core_count"]["why"].endswith("so all 32 cores")
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_the_rule_costs_at_most_a_share_against_all_cores(name):
+    """For small kernels of every generator the rule's program is within one DRAM latency of the one on
+    all 32 cores (a core's share under the rule is at most that much work, and spreading it further
+    saves at most the share), and no slower at all for DMA-bound adds."""
+    cfg = load_config()
+    r = sweep(SMALL[name], cfg, counts=(32,))
+    cores, _instr, t = r["rule"]
+    t32 = r["forced"][32][2]
+    assert cores <= r["forced"][32][0]
+    assert t <= t32 + cfg.dram_latency_s
+    if name.startswith("add"):
+        assert t <= t32
+
+
+def test_tiny_matmul_is_not_spread():
+    """64x64x64 fp16: the cost model's best one-core plan needs 936 cycles of PE, vector and DMA -> at
+    most 6 cores, whatever the estimate would pick; the plan keeps within them."""
+    cfg = load_config()
+    program = matmul(64, 64, 64)(cfg)
+    d = program.metadata["decisions"]
+    assert d["core_count"]["work_cycles"] == 936 and d["core_count"]["cores"] == 6
+    assert len(program.cores) <= 6
+
+
+def _eager_add_records(a, b):
+    with torch_spyre.profiler.profile() as prof:
+        c = a + b
+    (rec,) = [r for r in prof.events() if r.kind == "kernel"]
+    return c, rec
+
+
+def test_eager_add_64x64_takes_few_cores(monkeypatch):
+    monkeypatch.setenv("TORCH_SPYRE_EAGER", "compile")
+    x, y = torch.randn(64, 64), torch.randn(64, 64)
+    a, b = x.to("spyre"), y.to("spyre")
+    eager.reset_cache()
+    c, rec = _eager_add_records(a, b)
+    torch.testing.assert_close(c.cpu(), x + y)
+    assert rec.details["cores"] == 4
+    eager.reset_cache()
+    with forcing(32):
+        c32, rec32 = _eager_add_records(a, b)
+    eager.reset_cache()
+    assert rec32.details["cores"] == 32
+    assert rec.duration <= rec32.duration
+    torch.testing.assert_close(c32.cpu(), c.cpu(), rtol=0, atol=0)
+
+
+def test_compiled_add_64x64_takes_few_cores():
+    x, y = torch.randn(64, 64), torch.randn(64, 64)
+    a, b = x.to("spyre"), y.to("spyre")
+
+    def timed():
+        fresh()
+        f = torch.compile(lambda p, q: p + q)
+        f(a, b)  # compile and prepare
+        with torch_spyre.profiler.profile() as prof:
+            c = f(a, b)
+        (rec,) = [r for r in prof.events() if r.kind == "kernel"]
+        return c, rec
+
+    c, rec = timed()
+    torch.testing.assert_close(c.cpu(), x + y)
+    with forcing(32):
+        c32, rec32 = timed()
+    assert rec.details["cores"] == 4 and rec32.details["cores"] == 32
+    assert rec.duration <= rec32.duration
+    torch.testing.assert_close(c32.cpu(), c.cpu(), rtol=0, atol=0)
