@@ -248,6 +248,13 @@ class TensorView:
             raise CodegenError(f"{role} %{self.name}: the view reaches host elements [{lo}, {hi}] outside its "
                                f"buffer of {lay.numel} elements")
 
+    def row_start_lanes(self, lead: np.ndarray, col0: int = 0) -> np.ndarray:
+        """The lane of column ``col0`` of each row ``lead`` ([n, ndim-1] coordinates) in its stick."""
+        lead = np.asarray(lead, dtype=np.int64)
+        lead = lead.reshape(len(lead), len(self.shape) - 1)
+        first = self.host_index(np.concatenate([lead, np.full((len(lead), 1), col0)], axis=1))
+        return self.layout.device_offsets(first) % self.layout.lanes
+
     def row_sticks(self, lead: np.ndarray, col0: int, ncols: int) -> tuple[np.ndarray, int]:
         """Device stick numbers covering columns [col0, col0+ncols) of each row ``lead`` ([n, ndim-1]
         coordinates), as [n, k], and the lane of column col0 in its stick (the same for every row)."""
@@ -255,8 +262,7 @@ class TensorView:
         lead = np.asarray(lead, dtype=np.int64)
         lead = lead.reshape(len(lead), len(self.shape) - 1)
         first = self.host_index(np.concatenate([lead, np.full((len(lead), 1), col0)], axis=1))
-        dev0 = lay.device_offsets(first)
-        lane0 = dev0 % lanes
+        lane0 = lay.device_offsets(first) % lanes
         if np.any(lane0 != lane0[0]):
             raise CodegenError(f"%{self.name}: rows start at different lanes of their sticks; a relayout is needed")
         lane0 = int(lane0[0]) if len(lane0) else 0

@@ -31,7 +31,8 @@ from torch_spyre.card.config import CardConfig
 from torch_spyre.compiler.access import CodegenError, TensorView
 from torch_spyre.compiler.codegen.gather.element import ELEMENT_CHUNK_BYTES, build_element_gather
 from torch_spyre.compiler.codegen.gather.emit import _emit_chunk
-from torch_spyre.compiler.codegen.gather.plan import _Chunk, _choose_chunks, _chunk_plans, _chunk_size, _core_count, _split
+from torch_spyre.compiler.codegen.gather.plan import (_Chunk, _choose_chunks, _chunk_plans, _chunk_size, _core_count,
+                                                      _lead_coords, _split)
 from torch_spyre.compiler.codegen.gather.rows import _RowSticks, _source_rows
 from torch_spyre.compiler.codegen.gather.spec import (
     GATHER_KINDS,
@@ -64,7 +65,9 @@ def build_gather(spec: GatherSpec, config: CardConfig) -> tuple[Program, KernelD
     idx_rows = int(np.prod(p.index.shape[:-1])) if len(p.index.shape) > 1 else 1
     count = _core_count(p, rows, config)
     per_chunk = _chunk_size(p, rows, spec, config, count.cores)
-    plans = _chunk_plans(idx_rows, p.index.shape[-1], per_chunk, p.index.lanes)
+    lanes = p.index.row_start_lanes(_lead_coords(p.index.shape, 0, idx_rows))
+    plans = _chunk_plans(idx_rows, p.index.shape[-1], per_chunk, p.index.lanes,
+                         rows_alike=bool(np.all(lanes == lanes[0])))
     plan_name, chunks, plan_scores = _choose_chunks(p, rows, plans)
     # A chunk pays its DMA latencies in turn (index load, one gather per run, stores), a fixed cost of
     # its own: chunking by output bursts can make more chunks than cores, and then each gets its core.

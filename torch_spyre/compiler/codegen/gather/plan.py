@@ -29,23 +29,26 @@ class _Chunk:
         return (self.r1 - self.r0) * (self.c1 - self.c0)
 
 
-def _chunks(n_rows: int, n_cols: int, per_chunk: int, lanes: int) -> list[_Chunk]:
+def _chunks(n_rows: int, n_cols: int, per_chunk: int, lanes: int, rows_alike: bool = True) -> list[_Chunk]:
     """Chunks of at most ``per_chunk`` positions: whole index rows, or pieces of one row (stick-aligned
-    unless a chunk is smaller than a stick)."""
+    unless a chunk is smaller than a stick). Only rows that start at the same lane of their sticks
+    (``rows_alike``) share a chunk: a chunk's index sticks are read as one tile."""
     if n_cols <= per_chunk:
-        step = max(1, per_chunk // n_cols)
+        step = max(1, per_chunk // n_cols) if rows_alike else 1
         return [_Chunk(r, min(n_rows, r + step), 0, n_cols) for r in range(0, n_rows, step)]
     # Whole index sticks when chunks are big; smaller chunks share an index stick (cores only read it).
     seg = per_chunk // lanes * lanes if per_chunk >= lanes else per_chunk
     return [_Chunk(r, r + 1, c, min(n_cols, c + seg)) for r in range(n_rows) for c in range(0, n_cols, seg)]
 
 
-def _chunk_plans(n_rows: int, n_cols: int, per_chunk: int, lanes: int) -> dict[str, list[_Chunk]]:
+def _chunk_plans(n_rows: int, n_cols: int, per_chunk: int, lanes: int,
+                 rows_alike: bool = True) -> dict[str, list[_Chunk]]:
     """Ways to cut the index positions into chunks: along its rows (above), or, when every row fits in
     a chunk, all rows by a few columns — the output then gets one DRAM burst across rows when its layout
-    interleaves them (IBM's layout puts the first dim innermost, e.g. the batch of [B, L, D])."""
-    plans = {"row pieces": _chunks(n_rows, n_cols, per_chunk, lanes)}
-    if 1 < n_rows <= per_chunk and n_cols > 1:
+    interleaves them (IBM's layout puts the first dim innermost, e.g. the batch of [B, L, D]). Chunks
+    of several rows need ``rows_alike``: every index row starting at the same lane of its stick."""
+    plans = {"row pieces": _chunks(n_rows, n_cols, per_chunk, lanes, rows_alike)}
+    if rows_alike and 1 < n_rows <= per_chunk and n_cols > 1:
         cols = max(1, per_chunk // n_rows)
         plans["column blocks"] = [_Chunk(0, n_rows, c, min(n_cols, c + cols)) for c in range(0, n_cols, cols)]
     return plans

@@ -89,29 +89,51 @@ def build_matmul(spec: MatmulSpec, config: CardConfig, verify_top: int = 0) -> t
     keep = max(_RECORDED_PLANS, verify_top)
     count = _core_count(_check(spec), config)
     cheapest = cached_rank_plans(spec, config, keep=keep)
-    # The cost model does not see a core's fixed costs: plans spreading the work thinner than
-    # core_count's minimum per core go, unless none is left (then the cheapest stands).
+    # Plans spreading the work thinner than core_count's minimum per core go, unless none is left (then
+    # the cheapest stands) or the card's timing model finds the cheapest faster (below).
     ranked = cheapest if cheapest[0].split.cores <= count.cores else cached_rank_plans(spec, config, keep=keep,
                                                                                        max_cores=count.cores)
     simulated: dict[int, float] = {}
+    programs: dict[int, Program] = {}
+    thinner = None  # the estimate's cheapest plan, when the core count left it out
     if verify_top > 1:
-        from ....card.timing import time_program  # the card's own clock, used only when asked
-
         for i, c in enumerate(ranked[:verify_top]):
-            simulated[i] = time_program(generate_plan(spec, c.split, c.tiles, config), config).total_s
+            programs[i] = generate_plan(spec, c.split, c.tiles, config)
+            simulated[i] = _simulated_s(programs[i], config)
+    elif cheapest[0] is not ranked[0] and not count.forced:
+        # The estimate does not see a core's fixed costs and the core count does not see the plan's: the
+        # card's timing model settles whether the plan on fewer cores is really no slower.
+        programs[0] = generate_plan(spec, ranked[0].split, ranked[0].tiles, config)
+        simulated[0] = _simulated_s(programs[0], config)
+        c = cheapest[0]
+        thinner_program = generate_plan(spec, c.split, c.tiles, config)
+        thinner = (c, _simulated_s(thinner_program, config), simulated[0])
+        if thinner[1] < simulated[0]:
+            ranked, simulated, programs = cheapest, {0: thinner[1]}, {0: thinner_program}
+    if simulated and verify_top > 1:
         best = min(simulated, key=simulated.get)
         ranked = [ranked[best]] + ranked[:best] + ranked[best + 1:]
-        simulated = {0: simulated[best], **{i + (1 if i < best else 0): t for i, t in simulated.items() if i != best}}
+        order = [best] + [i for i in simulated if i != best]
+        simulated = {n: simulated[i] for n, i in enumerate(order)}
+        programs = {n: programs[i] for n, i in enumerate(order)}
     best = ranked[0]
-    program = generate_plan(spec, best.split, best.tiles, config)
+    program = programs[0] if 0 in programs else generate_plan(spec, best.split, best.tiles, config)
     decisions = _decisions(spec, config, ranked, simulated)
     decisions.core_count = count.to_dict()
-    if cheapest[0] is not ranked[0] and cheapest[0].split.cores > count.cores:
-        c = cheapest[0]
-        decisions.notes.append(f"the estimate's cheapest split, {c.split} ({c.split.cores} cores, "
-                               f"{c.est.total_s * 1e6:.2f} us), spreads the work thinner than the minimum per core")
+    if thinner is not None:
+        c, t, t_rule = thinner
+        why = (f"the card times it faster ({t * 1e6:.3f} us against {t_rule * 1e6:.3f} us), so it stands"
+               if ranked[0] is c else f"no faster on the card ({t * 1e6:.3f} us against {t_rule * 1e6:.3f} us)")
+        decisions.notes.append(f"the estimate's cheapest split, {c.split} ({c.split.cores} cores), spreads the "
+                               f"work thinner than the minimum per core: {why}")
     program.metadata["decisions"] = decisions.to_dict()
     return program, decisions
+
+
+def _simulated_s(program: Program, config: CardConfig) -> float:
+    from ....card.timing import time_program  # the card's own clock, used only to settle a choice
+
+    return time_program(program, config).total_s
 
 
 def _core_count(p: _Problem, cfg: CardConfig) -> CoreCount:

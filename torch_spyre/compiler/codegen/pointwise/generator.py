@@ -36,6 +36,9 @@ _PROOF_MIN_ELEMENTS = 1 << 18
 class PointwiseGenerator(Emitter, Reducer, KernelGen):
     """Builds the program of one pointwise/reduction kernel."""
 
+    # Divide over every available core instead of the core count's (see :func:`generate`).
+    spread = False
+
     def generate(self) -> Program:
         spec = self.spec
         if any(n == 0 for n in spec.x_sizes + spec.r_sizes):
@@ -151,7 +154,7 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
         # The rule's count first; if no division of it gives every output stick one owner, the powers of
         # two below it (they cut flattened rows at row boundaries more often: 6144 elements of 96-wide
         # rows split into 20 parts share sticks, into 16 they do not), then one box.
-        rule = self.core_count.cores
+        rule = self.core_count.available if self.spread else self.core_count.cores
         for cores in [rule] + [c for c in (16, 8, 4, 2) if c < rule]:
             for u in (1, unit):
                 cboxes = core_boxes(sizes, split_counts(sizes, cores, u), u)
@@ -369,9 +372,39 @@ def generate(spec: KernelSpec, places: dict[str, TensorView], config: Any) -> Pr
     """The program of a pointwise/reduction kernel for tensors placed as ``places``. A kernel it cannot
     generate raises LoweringError naming the ATen ops and the user's source line it came from."""
     try:
-        return PointwiseGenerator(spec, places, config).generate()
+        program = PointwiseGenerator(spec, places, config).generate()
+        count = program.metadata["decisions"]["core_count"]
+        if count["cores"] < count["available"] and not count["forced"]:
+            program = _faster_of(program, _spread(spec, places, config), config)
+        return program
     except LoweringError as e:
         raise type(e)(f"{e}{_provenance(spec)}") from None
+
+
+def _spread(spec: KernelSpec, places: dict[str, TensorView], config: Any) -> Program | None:
+    """The kernel divided over every available core, if that generates."""
+    gen = PointwiseGenerator(spec, places, config)
+    gen.spread = True
+    try:
+        return gen.generate()
+    except (LoweringError, ScratchpadOverflowError):
+        return None
+
+
+def _faster_of(rule: Program, spread: Program | None, config: Any) -> Program:
+    """The core count's program unless the card's timing model finds the one on every core faster: the
+    count bounds what spreading can save (one DRAM latency), but the boxes it allows can still split the
+    sticks worse (``benchmarks/small_kernels.py --wide``)."""
+    from ....card.timing import time_program  # the card's own clock, used only to settle this choice
+
+    if spread is None:
+        return rule
+    t_rule, t_spread = time_program(rule, config).total_s, time_program(spread, config).total_s
+    kept = spread if t_spread < t_rule else rule
+    kept.metadata["decisions"].setdefault("notes", []).append(
+        f"simulated: {t_rule * 1e6:.3f} us on the core count's {len(rule.cores)} cores, {t_spread * 1e6:.3f} us "
+        f"on {len(spread.cores)}: {len(kept.cores)} kept")
+    return kept
 
 
 def _provenance(spec: KernelSpec) -> str:
