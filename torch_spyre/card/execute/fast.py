@@ -11,11 +11,12 @@ bytes, races, deadlocks), so once one checked run has passed, later runs skip th
 - a DMA is one strided copy between that view and the device buffer, whatever the number of cores;
 - DLFloat16 is decoded and rounded once per batched tensor, not per core or per stick.
 
-Bit identity: only DMA and elementwise ops run batched; an elementwise op's result for one element does
-not depend on where it sits in the array (``tests/card/test_vector_ops.py`` checks it for each op, NaNs
-included). Matmuls, reductions and the ops torch computes (``vector_ops.POSITION_DEPENDENT_OPS``) run core
-by core on the checked executor's very shapes: how an array is walked decides the order of BLAS's and
-numpy's sums, which NaN a max returns, and how torch rounds an array's tail.
+Bit identity: an elementwise op's result for one element does not depend on where it sits in the array
+(``tests/card/test_vector_ops.py`` checks it for each op, NaNs included; every computed NaN is written as
+one NaN); a batched matmul is numpy's stack of one single-threaded BLAS GEMM per core, of the checked
+executor's shapes. Reductions and the ops torch computes (``vector_ops.POSITION_DEPENDENT_OPS``) run core
+by core on the checked executor's very shapes: how an array is walked decides the order of numpy's sums,
+which NaN a max returns, and how torch rounds an array's tail.
 A single core's instruction uses exactly the checked executor's views. What depends on data is still
 checked: gather indices and integer division by zero.
 """
@@ -74,10 +75,10 @@ class FastPlan:
             return [self._gather(c, i) for c, i in members]
         if isinstance(ins0, RingSend):
             return [self._ring_send([(c, self.program.cores[c][i].dst_core) for c, i in members], ins0)]
-        if not isinstance(ins0, Elementwise) or ins0.op in vector_ops.POSITION_DEPENDENT_OPS:
-            # Per core, on the checked executor's shapes: how BLAS and numpy's reductions walk an array
-            # decides the order of their sums and which NaN (its sign) a max returns, and torch's kernels
-            # round an array's tail differently.
+        if isinstance(ins0, Reduce) or (isinstance(ins0, Elementwise) and ins0.op in vector_ops.POSITION_DEPENDENT_OPS):
+            # Per core, on the checked executor's shapes: how numpy's reductions walk an array decides the
+            # order of their sums and which NaN (its sign) a max returns, and torch's kernels round an
+            # array's tail differently.
             runs = [[m] for m in members]
         else:
             runs = even_runs([c for c, _ in members])
