@@ -2,8 +2,9 @@
 
 Each comparison runs a program checked and fast from the same device memory and compares every operand
 byte: the hand-written programs (benchmarks/programs.py), hypothesis-generated multi-core programs with
-ring transfers, signals and barriers, and (in tests/compiler/test_fast_zoo.py) every program the zoo's
-models compile to.
+ring transfers, signals and barriers. Every program the compile tests make is compared too: their helper
+checks a compiled graph's second call (fast) against its first (checked), bit for bit
+(tests/compiler/spyre_compile_helpers.py), and the eager zoo runs with TORCH_SPYRE_CHECK=compare.
 """
 
 from __future__ import annotations
@@ -102,6 +103,36 @@ def test_spmd_program_runs_as_one_step_per_instruction(card):
     plan = FastPlan(built.program, card)
     assert len(built.program.cores) == 32 and len(per_core) == 1
     assert len(plan.steps) == per_core.pop()
+
+
+def test_a_decoded_tile_is_shared_until_something_rewrites_its_bytes(card):
+    """Core 0 reads tile A (2 sticks of DLFloat16) twice, then A is rewritten by a DMA load, by core 1's
+    ring send into its second stick, by a gather, and by an elementwise op writing one of its sticks;
+    each rewrite makes the next read decode A again (and the results stay the checked executor's)."""
+    p2, p1 = DmaPattern.contiguous(2), DmaPattern.contiguous(1)
+    t = lambda off, rows=2: SpTensor(off, "dlfloat16", (rows, 64), (64, 1))  # noqa: E731
+    A, B = t(0), t(1024)
+    idx = SpTensor(4096, "int32", (2,))
+    outs = [t(2048 + 256 * k) for k in range(5)]
+    core0 = [DmaLoad(Addr("x", 0), 0, p2), DmaLoad(Addr("i", 0), 4096, p1),
+             Elementwise("exp", outs[0], (A,)), Elementwise("neg", outs[1], (A,)),   # one decode of A
+             DmaLoad(Addr("x", 256), 0, p2), Elementwise("add", outs[2], (A, outs[1])),  # rewritten: decode
+             Signal(1, tag=2), RingRecv(1, tag=1), Elementwise("mul", outs[3], (A, A)),                  # ring wrote stick 1
+             DmaGather(Addr("x", 0), idx, 128, 1, 0, 6), Elementwise("sub", outs[4], (A, outs[3])),
+             Elementwise("copy", t(128, 1), (t(2048, 1),)), Elementwise("add", B, (A, outs[4])),
+             *[DmaStore(Addr("y", 256 * k), o.offset, p2) for k, o in enumerate(outs)],
+             DmaStore(Addr("y", 1280), B.offset, p2)]
+    core1 = [DmaLoad(Addr("x", 512), 0, p1), Wait(0, tag=2), RingSend(0, 0, 128, 128, tag=1)]
+    program = Program("rewrites", [Operand("x", 768), Operand("i", 128), Operand("y", 1536, access="out")],
+                      {0: core0, 1: core1})
+    plan = FastPlan(program, card)
+    # A: exp+neg share one decode; after the DMA load; after the ring send (mul reads it twice: once);
+    # after the gather; after the copy into its second stick. outs[1], outs[3], outs[4] once each.
+    assert plan.tile_decodes == 5 + 3
+    x = _random_bytes(768, "dlfloat16", 3)
+    i = np.zeros(128, np.uint8)
+    i[:8] = np.array([4, 1], np.int32).view(np.uint8)
+    assert_identical(both_ways(card, program, {"x": x, "i": i}))
 
 
 # ---------------------------------------------------------------------------------------------

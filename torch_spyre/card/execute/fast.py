@@ -45,6 +45,10 @@ class FastPlan:
         self.program = program
         self.pads: Scratchpads = scratchpads(card)
         self.steps: list[Step] = []
+        # Decoded DLFloat16 tiles shared by the steps of one run (see :meth:`_reader`): slot -> array.
+        self._slots: list[np.ndarray | None] = []
+        self._fresh: dict[tuple, int] = {}  # tile key -> its slot, while nothing has written its bytes
+        self._fresh_on: dict[int, dict[tuple, tuple[int, int]]] = {}  # core -> {tile key: byte span}
         for groups in lockstep_rounds(program):
             for group in groups:
                 self.steps.extend(self._plan(group))
@@ -55,6 +59,11 @@ class FastPlan:
                                                               vector_ops.POSITION_DEPENDENT_OPS)
                                    for _, _, i in program.instructions())
 
+    @property
+    def tile_decodes(self) -> int:
+        """DLFloat16 tiles a run decodes (a tile read again before anything rewrites it is decoded once)."""
+        return len(self._slots)
+
     def valid_for(self, card: Any) -> bool:
         """False once the card's scratchpads were remade (another configuration): plan again."""
         return scratchpads(card) is self.pads
@@ -64,8 +73,11 @@ class FastPlan:
         # IEEE specials are silent on the vector unit (as in the checked executor): one errstate for the run.
         with self.pads.lock, (single_threaded_pools() if self.single_threaded else contextlib.nullcontext()), \
                 np.errstate(all="ignore"):
-            for step in self.steps:
-                step(memory, dma_addresses)
+            try:
+                for step in self.steps:
+                    step(memory, dma_addresses)
+            finally:
+                self._slots[:] = [None] * len(self._slots)
 
     # --- planning --------------------------------------------------------------------------------
     def _plan(self, group: Group) -> list[Step]:
@@ -99,6 +111,8 @@ class FastPlan:
         else:
             offsets = [(ins.src if isinstance(ins, DmaLoad) else ins.dst).offset for ins in instrs]
             runs = even_runs([c for c, _ in members], offsets)
+        if isinstance(ins0, DmaLoad):
+            self._wrote([c for c, _ in members], *ins0.pattern.sp_range(ins0.sp_offset))
         return [self._dma([members[j] for j in run], ins0, [instrs[j] for j in run]) for run in runs]
 
     def _pad_view(self, run: Sequence[tuple[int, int]], offset: int, shape: tuple, strides: tuple,
@@ -116,6 +130,46 @@ class FastPlan:
     def _tensor(self, run: Sequence[tuple[int, int]], t: SpTensor) -> np.ndarray:
         isz = t.itemsize
         return self._pad_view(run, t.offset, t.shape, tuple(s * isz for s in t.strides), vector_ops.NP_DTYPES[t.dtype])
+
+    # --- reads and writes: decoded tiles shared across steps ------------------------------------------
+    def _reader(self, run: Sequence[tuple[int, int]], t: SpTensor) -> Callable[[], np.ndarray]:
+        """A function giving ``t``'s values for computing (see :func:`_read`). A DLFloat16 tile is decoded
+        once and shared by the later steps reading the same tile, until a step writes any of its bytes:
+        the program is static, so which reads may share is known here, at planning (a matmul's weight
+        tile reused for every row tile, or its resident A tile, is decoded once per run)."""
+        view = self._tensor(run, t)
+        if t.dtype != "dlfloat16":
+            return lambda: _read(view, t.dtype)
+        key = (tuple(c for c, _ in run), t.offset, t.shape, t.strides)
+        slots = self._slots
+        slot = self._fresh.get(key)
+        if slot is not None:
+            return lambda: slots[slot]
+        slot = len(slots)
+        slots.append(None)
+        self._fresh[key] = slot
+        span = t.byte_span()
+        for c in key[0]:
+            self._fresh_on.setdefault(c, {})[key] = span
+
+        def decode() -> np.ndarray:
+            slots[slot] = values = vector_ops.decode(view, "dlfloat16")
+            return values
+
+        return decode
+
+    def _wrote(self, cores: Sequence[int], lo: int, hi: int) -> None:
+        """The step being planned writes scratchpad bytes [lo, hi) of ``cores``: tiles decoded from them
+        are stale for the steps after it."""
+        for c in cores:
+            for key, (klo, khi) in list(self._fresh_on.get(c, {}).items()):
+                if klo < hi and lo < khi:
+                    self._fresh.pop(key, None)
+                    for k in key[0]:
+                        self._fresh_on[k].pop(key, None)
+
+    def _wrote_tensor(self, run: Sequence[tuple[int, int]], t: SpTensor) -> None:
+        self._wrote([c for c, _ in run], *t.byte_span())
 
     # --- DMA ---------------------------------------------------------------------------------------
     def _dma(self, run, ins0, instrs) -> Step:
@@ -149,6 +203,7 @@ class FastPlan:
         run = [(core, index)]
         idx_view = self._tensor(run, ins.index)
         sp = self.pads.block[core]
+        self._wrote([core], ins.sp_offset, ins.sp_offset + ins.index.numel * ins.row_sticks * STICK_BYTES)
 
         def gather(memory: Any, dma_addresses: dict) -> None:
             values = vector_ops.decode(idx_view, ins.index.dtype).reshape(-1)
@@ -163,6 +218,7 @@ class FastPlan:
 
     def _ring_send(self, pairs: list[tuple[int, int]], ins0: RingSend) -> Step:
         block = self.pads.block
+        self._wrote([d for _, d in pairs], ins0.dst_offset, ins0.dst_offset + ins0.nbytes)
         src = slice(ins0.src_offset, ins0.src_offset + ins0.nbytes)
         dst = slice(ins0.dst_offset, ins0.dst_offset + ins0.nbytes)
 
@@ -175,11 +231,11 @@ class FastPlan:
     # --- compute -----------------------------------------------------------------------------------
     def _elementwise(self, run, ins: Elementwise) -> Step:
         out = self._tensor(run, ins.out)
-        inputs = [x if isinstance(x, Scalar) else (self._tensor(run, x), x.dtype) for x in ins.inputs]
         op, out_dtype = ins.op, ins.out.dtype
         first = ins.inputs[0]
         if op == "copy" and isinstance(first, SpTensor) and first.dtype == out_dtype:
-            src = inputs[0][0]
+            src = self._tensor(run, first)
+            self._wrote_tensor(run, ins.out)
 
             def copy_bits(memory: Any, dma_addresses: dict) -> None:  # a copy moves bits
                 out[...] = np.broadcast_to(np.array(src), out.shape)
@@ -187,11 +243,12 @@ class FastPlan:
             return copy_bits
         fn = vector_ops.ELEMENTWISE[op]
         binary = op in vector_ops.BINARY
-
-        values0 = [vector_ops.scalar(x.value) if isinstance(x, Scalar) else None for x in ins.inputs]
+        readers = [_constant(vector_ops.scalar(x.value)) if isinstance(x, Scalar) else self._reader(run, x)
+                   for x in ins.inputs]
+        self._wrote_tensor(run, ins.out)
 
         def elementwise(memory: Any, dma_addresses: dict) -> None:
-            values = [v if v is not None else _read(*x) for v, x in zip(values0, inputs)]
+            values = [read() for read in readers]
             values = vector_ops.promote(op, values)
             if binary:
                 self._integer_check(run, ins, values)
@@ -210,27 +267,28 @@ class FastPlan:
         raise ExecutionError(problem, run[0][0], run[0][1], ins)
 
     def _matmul(self, run, ins: MatMul) -> Step:
-        a, b, out = self._tensor(run, ins.a), self._tensor(run, ins.b), self._tensor(run, ins.out)
-        da, db, dout = ins.a.dtype, ins.b.dtype, ins.out.dtype
-        floats = da in vector_ops.FLOAT_DTYPES or db in vector_ops.FLOAT_DTYPES
+        read_a, read_b, read_out = self._reader(run, ins.a), self._reader(run, ins.b), self._reader(run, ins.out)
+        out, dout = self._tensor(run, ins.out), ins.out.dtype
+        self._wrote_tensor(run, ins.out)
+        floats = ins.a.dtype in vector_ops.FLOAT_DTYPES or ins.b.dtype in vector_ops.FLOAT_DTYPES
         kind = np.float32 if floats else np.int64
 
         def matmul(memory: Any, dma_addresses: dict) -> None:
-            result = np.matmul(vector_ops.decode(a, da).astype(kind, copy=False),
-                               vector_ops.decode(b, db).astype(kind, copy=False))
+            result = np.matmul(read_a().astype(kind, copy=False), read_b().astype(kind, copy=False))
             if ins.accumulate:
-                result = result + vector_ops.decode(out, dout)
+                result = result + read_out()
             out[...] = vector_ops.encode(result, dout)
 
         return matmul
 
     def _reduce(self, run, ins: Reduce) -> Step:
-        inp, out = self._tensor(run, ins.inp), self._tensor(run, ins.out)
+        read_inp, out = self._reader(run, ins.inp), self._tensor(run, ins.out)
+        self._wrote_tensor(run, ins.out)
         axis = ins.axis
         reduce, combine = vector_ops.REDUCE[ins.op]
 
         def reduce_step(memory: Any, dma_addresses: dict) -> None:
-            x = vector_ops.decode(inp, ins.inp.dtype)
+            x = read_inp()
             if x.dtype == np.bool_:
                 x = x.astype(np.int64)
             result = reduce(x, axis=axis, keepdims=True)
@@ -239,6 +297,10 @@ class FastPlan:
             out[...] = vector_ops.encode(result, ins.out.dtype)
 
         return reduce_step
+
+
+def _constant(value: np.ndarray) -> Callable[[], np.ndarray]:
+    return lambda: value
 
 
 def _read(view: np.ndarray, dtype: str) -> np.ndarray:
