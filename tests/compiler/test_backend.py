@@ -194,3 +194,62 @@ def test_dynamo_never_traces_the_device_kernels():
     assert not traced_ours, traced_ours[:1]
     torch.testing.assert_close(model[0].weight.grad.cpu(), ref[0].weight.grad, atol=1e-3, rtol=1e-2)
     assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-3)
+
+
+class LayerName:
+    """An opaque value type as vLLM 0.32 registers one (``vllm/utils/torch_utils.py``): with ``hoist=True``
+    torch.compile lifts it to a graph input (one graph for every layer) instead of baking it in."""
+
+    def __init__(self, value: str):
+        self.value = value
+
+    def __eq__(self, other):
+        return isinstance(other, LayerName) and self.value == other.value
+
+    def __hash__(self):
+        return hash(self.value)
+
+    def __fx_repr__(self):
+        return f"LayerName({self.value!r})", {"LayerName": LayerName}
+
+
+_LAYER_SCALES = {"layers.0": 2.0, "layers.1": 3.0}
+_scale_by_layer = None
+
+
+def _layer_op():
+    """``spyretest::scale_by_layer(Tensor x, LayerName name)``: a custom op taking the opaque name, as
+    vLLM's attention ops take theirs (defined once per process)."""
+    global _scale_by_layer
+    if _scale_by_layer is None:
+        from torch._library.opaque_object import register_opaque_type
+
+        register_opaque_type(LayerName, typ="value", hoist=True)
+
+        @torch.library.custom_op("spyretest::scale_by_layer", mutates_args=())
+        def scale_by_layer(x: torch.Tensor, name: LayerName) -> torch.Tensor:
+            return x * _LAYER_SCALES[name.value]
+
+        @scale_by_layer.register_fake
+        def _(x, name):
+            return torch.empty_like(x)
+
+        _scale_by_layer = scale_by_layer
+    return _scale_by_layer
+
+
+def test_a_graph_with_an_opaque_input_compiles():
+    """A graph input that is not a tensor (vLLM's opaque layer names) has no size: the wrapper's check
+    of the shape symbols its kernels need skips it (it raised NotImplementedError from get_size())."""
+    op = _layer_op()
+
+    def f(x, name):
+        return op(x + 1, name) * 2
+
+    fresh()
+    x = torch.arange(8.0).reshape(2, 4)
+    compiled = torch.compile(f, fullgraph=True)
+    for name, scale in _LAYER_SCALES.items():
+        out = compiled(x.to("spyre"), LayerName(name))
+        assert out.device.type == "spyre"
+        torch.testing.assert_close(out.cpu(), (x + 1) * scale * 2)
