@@ -10,7 +10,7 @@ import torch
 import torch_spyre
 from torch_spyre.compiler import backend, wrapper
 
-from .spyre_compile_helpers import fresh
+from .spyre_compile_helpers import TOL, fresh
 
 
 def test_registration_is_idempotent_and_complete():
@@ -253,3 +253,20 @@ def test_a_graph_with_an_opaque_input_compiles():
         out = compiled(x.to("spyre"), LayerName(name))
         assert out.device.type == "spyre"
         torch.testing.assert_close(out.cpu(), (x + 1) * scale * 2)
+
+
+@pytest.mark.parametrize("benchmark", [False, True], ids=["combo", "combo_benchmarked"])
+def test_combo_kernels_setting_leaves_spyre_kernels_alone(benchmark):
+    """vLLM sets ``combo_kernels=True`` (and ``benchmark_combo_kernel``) for every non-CPU platform.
+    Combo kernels are Triton-only: grouping spyre nodes made the scheduler assert at codegen (or, when
+    benchmarked, import triton and call the scheduling's benchmark_fused_nodes). Spyre nodes stay out of
+    the grouping, so each is its own kernel, as without the setting."""
+    def f(a, b):
+        return (a.sin() + 1) * 2, b.cos().sum(0), (a @ b.T).relu()
+
+    a, b = torch.randn(8, 64, dtype=torch.float16), torch.randn(8, 64, dtype=torch.float16)
+    fresh()
+    with torch._inductor.config.patch(combo_kernels=True, benchmark_combo_kernel=benchmark):
+        out = torch.compile(f)(a.to("spyre"), b.to("spyre"))
+    for o, r in zip(out, f(a.float(), b.float())):
+        torch.testing.assert_close(o.cpu().float(), r, **TOL[torch.float16])

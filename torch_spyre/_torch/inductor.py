@@ -20,8 +20,9 @@ for), so the compiler's modules can import it at their top. What the compiler ne
   :func:`disable_fx_graph_cache`.
 
 The patches of torch's global state the compiler makes (docs/architecture.md, "Patches of torch's
-global state"): :func:`register_lowering` (Inductor's lowerings table) and
-:func:`keep_device_constants_unfolded` (joint-graph constant folding).
+global state"): :func:`register_lowering` (Inductor's lowerings table),
+:func:`keep_device_constants_unfolded` (joint-graph constant folding) and
+:func:`keep_device_out_of_combo_kernels` (the scheduler's grouping of combo kernels).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ PRIVATE_SYMBOLS = [
     "torch._inductor.scheduler:SchedulerNode",
     "torch._inductor.scheduler:FusedSchedulerNode",
     "torch._inductor.scheduler:ForeachKernelSchedulerNode",
+    "torch._inductor.scheduler:ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels",
+    "torch._inductor.scheduler:ForeachKernelSchedulerNode.set_group_algorithm_for_combo_kernels",
     "torch._inductor.ir:IRNode",
     "torch._inductor.ir:ExternKernel.realize_input",
     "torch._inductor.ir:ExternKernel.require_contiguous",
@@ -196,6 +199,30 @@ def keep_device_constants_unfolded(on_device: Callable[[Any], bool]) -> None:
 
     constant_fold_uniform_value._spyre_guard = True
     joint_graph.constant_fold_uniform_value = constant_fold_uniform_value
+
+
+def keep_device_out_of_combo_kernels(device: str) -> None:
+    """Patch: Inductor's grouping of nodes into combo kernels (``config.combo_kernels``, which vLLM turns on
+    for every platform but the CPU) leaves out the nodes on ``device``, as Inductor itself leaves out the
+    CPU's and MPS's. A combo kernel is a ``ForeachKernelSchedulerNode`` that only Triton (SIMD)
+    schedulings can generate or benchmark: the scheduler asserts on any other backend. The grouping
+    algorithm is the scheduler's hook for this (``set_group_algorithm_for_combo_kernels``); the one in
+    place is wrapped, so other devices group as before."""
+    foreach = _module("torch._inductor.scheduler").ForeachKernelSchedulerNode
+    original = foreach.group_algorithm_for_combo_kernels
+    if getattr(original, "_spyre_guard", False):
+        return
+
+    def group_nodes_for_combo_kernels(scheduler):
+        groups = []
+        for group in original(scheduler):
+            kept = [n for n in group if getattr(n.get_device(), "type", None) != device]
+            if kept:
+                groups.append(kept)
+        return groups
+
+    group_nodes_for_combo_kernels._spyre_guard = True
+    foreach.set_group_algorithm_for_combo_kernels(group_nodes_for_combo_kernels)
 
 
 # --- the graph being compiled -----------------------------------------------------------------------
