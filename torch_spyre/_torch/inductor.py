@@ -17,7 +17,7 @@ for), so the compiler's modules can import it at their top. What the compiler ne
 - shape symbols and index expressions: :func:`is_shape_symbol`, ``index_functions`` (Inductor's sympy
   functions: ``FloorDiv``, ``ModularIndexing``, ...);
 - compiling one graph outside ``torch.compile``: :func:`fake_tensor_mode`, :func:`compile_graph`,
-  :func:`disable_fx_graph_cache`.
+  :func:`disable_fx_graph_cache`; :func:`graph_compile_in_progress` (not while another compiles).
 
 The patches of torch's global state the compiler makes (docs/architecture.md, "Patches of torch's
 global state"): :func:`register_lowering` (Inductor's lowerings table),
@@ -357,6 +357,14 @@ def is_shape_symbol(symbol: Any) -> bool:
 def fake_tensor_mode() -> Any:
     """A fresh ``FakeTensorMode`` (tensors with metadata and no data)."""
     return _module("torch._subclasses.fake_tensor").FakeTensorMode()
+
+
+def graph_compile_in_progress() -> bool:
+    """Whether this thread is inside ``torch.compile``'s compilation of a graph (Dynamo, AOTAutograd,
+    Inductor: a ``TracingContext`` is set). Inductor cannot compile another graph from in there (its
+    per-compile state, e.g. the Triton bundler, asserts), yet it runs eager ops on real tensors there,
+    e.g. to print a graph's tensor constants into its repro string."""
+    return _module("torch._guards").TracingContext.try_get() is not None
 
 
 def compile_graph(gm: Any, example_inputs: list) -> Callable[..., Any]:

@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 import torch
 
+from .._torch import device as torch_device
 from .._torch import inductor as torch_inductor
 from .._torch.device import OpOverload
 from ..device.op_call import bound_args, flat_tensors, map_tensors, resize_warning, rewrap_numbers
@@ -491,7 +492,26 @@ def _results(info: Any, bound: list[Any], fresh: list[torch.Tensor]) -> Any:
 # ---------------------------------------------------------------------------------------------
 _warned: set[str] = set()
 # Host work that is not a computation a program should do: no warning (still counted).
-QUIET_REASONS = {"reads one value to the host", "a tensor of no elements"}
+# Calls that cannot compile now, whatever the op: they run on the host without warning, and nothing is
+# remembered for their signature (the next call outside those contexts compiles it).
+UNDER_NO_DISPATCH = "called with torch dispatch disabled (no_dispatch(): torch computing on real tensors)"
+DURING_GRAPH_COMPILE = "called while torch.compile compiles a graph (Inductor cannot compile another inside)"
+QUIET_REASONS = {"reads one value to the host", "a tensor of no elements", UNDER_NO_DISPATCH, DURING_GRAPH_COMPILE}
+
+
+def cannot_compile_now() -> str:
+    """Why no op can be compiled in this thread right now ("" if it can). Torch's tracers run eager ops
+    on real tensors under ``no_dispatch()`` (fake tensors' constant propagation and fallback kernels,
+    Inductor's constant inlining), where tracing the one-op graph with fake tensors fails an assertion;
+    and ``torch.compile`` runs some while it compiles a graph (printing tensor constants), where
+    Inductor cannot compile another graph. Those failures were remembered as the op's reason to run on
+    the host, so every later call of that signature stayed on the host, warning about an
+    AssertionError."""
+    if torch_device.torch_dispatch_disabled():
+        return UNDER_NO_DISPATCH
+    if torch_inductor.graph_compile_in_progress():
+        return DURING_GRAPH_COMPILE
+    return ""
 
 
 _reasons: dict[str, str] = {}
