@@ -157,6 +157,22 @@ def test_out_of_another_shape_is_resized_as_on_the_cpu():
     assert_programs_only(torch_spyre.fallback_stats())
 
 
+def test_the_resize_warning_names_the_op_once(capfd):
+    """The program path warns as the host path does (tests/device/test_eager.py), once: the fake run that
+    finds the out's new shape gets an out of no elements, so torch's C++ warning is not printed too."""
+    src, idx = _x(16, 64), torch.tensor([5, 0, 9])
+    out = s(torch.zeros(7))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.index_select(s(src), 0, s(idx), out=out)
+    (msg,) = [str(w.message) for w in caught if "was resized" in str(w.message)]
+    assert "had shape [7], which does not match the required output shape [3, 64]" in msg
+    assert msg.endswith("(aten::index_select.out, argument 'out', a spyre:0 tensor)")
+    assert "was resized" not in capfd.readouterr().err
+    torch.testing.assert_close(out.cpu(), src[idx])
+    assert_programs_only(torch_spyre.fallback_stats())
+
+
 def test_python_numbers_and_cpu_scalars_are_constants_of_the_program():
     i = torch.tensor([5, 7, -3], dtype=torch.int32)
     r = s(i) % 4  # remainder.Tensor with a wrapped number 4

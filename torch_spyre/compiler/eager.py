@@ -39,7 +39,8 @@ import torch
 from .._torch import device as torch_device
 from .._torch import inductor as torch_inductor
 from .._torch.device import OpOverload
-from ..device.op_call import bound_args, flat_tensors, map_tensors, resize_warning, rewrap_numbers
+from ..device.op_call import (bound_args, flat_tensors, map_tensors, resize_written, rewrap_numbers,
+                              write_only_outs, written_args)
 from ..runtime.timing_only import NoDataError
 
 MODES = ("compile", "host")
@@ -282,9 +283,17 @@ def one_op_function(op: OpOverload, info: Any, args: tuple, kwargs: dict):
 
 
 def out_shapes(op: OpOverload, info: Any, args: tuple, kwargs: dict) -> list[tuple[int, ...]]:
-    """The shapes the op gives its written arguments (``out=`` may need a resize), from a fake run."""
+    """The shapes the op gives its written arguments (``out=`` may need a resize), from a fake run.
+    ``out=`` arguments that no input shares are fakes of no elements there, which the op resizes
+    silently: a fake of the out's own shape made the fake kernel print torch's C++ "was resized"
+    warning besides ours (:func:`resize_outs`)."""
+    write_only = {id(t) for t in write_only_outs(info, bound_args(info, args, kwargs))}
     with torch_inductor.fake_tensor_mode() as mode:
-        to_fake = lambda x: mode.from_tensor(x)  # noqa: E731
+        def to_fake(x):
+            if id(x) in write_only:
+                return torch.empty(0, dtype=x.dtype, device=x.device)  # a fake tensor (the mode is on)
+            return mode.from_tensor(x)
+
         fargs = tuple(map_tensors(to_fake, a) for a in args)
         fkwargs = {k: map_tensors(to_fake, v) for k, v in kwargs.items()}
         op(*fargs, **fkwargs)
@@ -306,12 +315,8 @@ def resize_outs(op, info: Any, args: tuple, kwargs: dict, bound: list[Any], key:
             if len(_out_shape_cache) > _cache.size:
                 _out_shape_cache.pop(next(iter(_out_shape_cache)))
     resized = False
-    for t, shape in zip(_written(info, bound), shapes):
-        if tuple(t.shape) != shape:
-            if t.numel():
-                resize_warning(t, torch.empty(shape, device="meta"))
-            t.resize_(shape)
-            resized = True
+    for (name, t), shape in zip(written_args(info, bound), shapes):
+        resized |= resize_written(info, name, t, shape)  # torch's warning if it held elements, naming the op
     return resized
 
 
