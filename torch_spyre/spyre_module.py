@@ -17,8 +17,8 @@ from .runtime.timing_only import NoDataError, timing_only  # noqa: F401 - re-exp
 
 __all__ = [
     "Event", "Stream", "current_device", "current_stream", "default_stream", "device", "device_count",
-    "device_of", "empty_cache", "get_device_name", "get_device_properties", "get_rng_state", "initial_seed",
-    "is_available", "is_initialized", "manual_seed", "manual_seed_all", "max_memory_allocated",
+    "device_of", "empty_cache", "empty_host_cache", "get_device_name", "get_device_properties", "get_rng_state",
+    "initial_seed", "is_available", "is_initialized", "manual_seed", "manual_seed_all", "max_memory_allocated",
     "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_stats",
     "reset_accumulated_memory_stats", "reset_peak_memory_stats", "seed", "seed_all", "set_device",
     "set_rng_state", "set_stream", "stream", "synchronize", "timing_only", "NoDataError",
@@ -183,6 +183,13 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
 
 def empty_cache() -> None:
     _mem().empty_cache()
+
+
+def empty_host_cache() -> None:
+    """Release cached pinned host memory: spyre keeps none (``pin_memory()`` for spyre returns ordinary
+    memory, device/kernels.py), so there is nothing to release. ``torch.accelerator.empty_host_cache``
+    comes here (torch's own asks C++ for a PrivateUse1 host allocator, which a Python backend cannot
+    register, and crashed: device/torch_patches.py)."""
 
 
 # --- random numbers (random eager ops draw from a per-card generator) -----------------------------

@@ -10,7 +10,7 @@ import torch
 import torch_spyre
 from torch_spyre.compiler import backend, wrapper
 
-from .spyre_compile_helpers import fresh
+from .spyre_compile_helpers import TOL, fresh
 
 
 def test_registration_is_idempotent_and_complete():
@@ -194,3 +194,79 @@ def test_dynamo_never_traces_the_device_kernels():
     assert not traced_ours, traced_ours[:1]
     torch.testing.assert_close(model[0].weight.grad.cpu(), ref[0].weight.grad, atol=1e-3, rtol=1e-2)
     assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-3)
+
+
+class LayerName:
+    """An opaque value type as vLLM 0.32 registers one (``vllm/utils/torch_utils.py``): with ``hoist=True``
+    torch.compile lifts it to a graph input (one graph for every layer) instead of baking it in."""
+
+    def __init__(self, value: str):
+        self.value = value
+
+    def __eq__(self, other):
+        return isinstance(other, LayerName) and self.value == other.value
+
+    def __hash__(self):
+        return hash(self.value)
+
+    def __fx_repr__(self):
+        return f"LayerName({self.value!r})", {"LayerName": LayerName}
+
+
+_LAYER_SCALES = {"layers.0": 2.0, "layers.1": 3.0}
+_scale_by_layer = None
+
+
+def _layer_op():
+    """``spyretest::scale_by_layer(Tensor x, LayerName name)``: a custom op taking the opaque name, as
+    vLLM's attention ops take theirs (defined once per process)."""
+    global _scale_by_layer
+    if _scale_by_layer is None:
+        from torch._library.opaque_object import register_opaque_type
+
+        register_opaque_type(LayerName, typ="value", hoist=True)
+
+        @torch.library.custom_op("spyretest::scale_by_layer", mutates_args=())
+        def scale_by_layer(x: torch.Tensor, name: LayerName) -> torch.Tensor:
+            return x * _LAYER_SCALES[name.value]
+
+        @scale_by_layer.register_fake
+        def _(x, name):
+            return torch.empty_like(x)
+
+        _scale_by_layer = scale_by_layer
+    return _scale_by_layer
+
+
+def test_a_graph_with_an_opaque_input_compiles():
+    """A graph input that is not a tensor (vLLM's opaque layer names) has no size: the wrapper's check
+    of the shape symbols its kernels need skips it (it raised NotImplementedError from get_size())."""
+    op = _layer_op()
+
+    def f(x, name):
+        return op(x + 1, name) * 2
+
+    fresh()
+    x = torch.arange(8.0).reshape(2, 4)
+    compiled = torch.compile(f, fullgraph=True)
+    for name, scale in _LAYER_SCALES.items():
+        out = compiled(x.to("spyre"), LayerName(name))
+        assert out.device.type == "spyre"
+        torch.testing.assert_close(out.cpu(), (x + 1) * scale * 2)
+
+
+@pytest.mark.parametrize("benchmark", [False, True], ids=["combo", "combo_benchmarked"])
+def test_combo_kernels_setting_leaves_spyre_kernels_alone(benchmark):
+    """vLLM sets ``combo_kernels=True`` (and ``benchmark_combo_kernel``) for every non-CPU platform.
+    Combo kernels are Triton-only: grouping spyre nodes made the scheduler assert at codegen (or, when
+    benchmarked, import triton and call the scheduling's benchmark_fused_nodes). Spyre nodes stay out of
+    the grouping, so each is its own kernel, as without the setting."""
+    def f(a, b):
+        return (a.sin() + 1) * 2, b.cos().sum(0), (a @ b.T).relu()
+
+    a, b = torch.randn(8, 64, dtype=torch.float16), torch.randn(8, 64, dtype=torch.float16)
+    fresh()
+    with torch._inductor.config.patch(combo_kernels=True, benchmark_combo_kernel=benchmark):
+        out = torch.compile(f)(a.to("spyre"), b.to("spyre"))
+    for o, r in zip(out, f(a.float(), b.float())):
+        torch.testing.assert_close(o.cpu().float(), r, **TOL[torch.float16])

@@ -361,9 +361,14 @@ def test_a_symbol_no_input_binds_is_refused_at_compile_time():
 
     from torch_spyre.compiler.kernel_ir import KernelSpec
 
+    from torch._inductor.ir import OpaqueObjectState, TorchBindObject
+
     s0, s1 = sympy.Symbol("s0", integer=True, positive=True), sympy.Symbol("s1", integer=True, positive=True)
-    x = SimpleNamespace(get_size=lambda: [s0, 64], get_stride=lambda: [64, 1])
-    graph = SimpleNamespace(graph_inputs={"arg0_1": s1, "arg1_1": x})
+    x = SimpleNamespace(maybe_get_size=lambda: [s0, 64], maybe_get_stride=lambda: [64, 1])
+    # Inputs that are not tensors have no size (their get_size() raises NotImplementedError): skipped.
+    opaque = OpaqueObjectState(name="arg2_1", value=object())
+    script = TorchBindObject(name="arg3_1", value=None)
+    graph = SimpleNamespace(graph_inputs={"arg0_1": s1, "arg1_1": x, "arg2_1": opaque, "arg3_1": script})
     spec = KernelSpec("spyre_k_0", ["s0"], [], [], [], symbols=["s0", "s1", "u0"])
     with V.set_graph_handler(graph):
         wrapper._check_symbols_bound(spec)  # s0 from x's size, s1 a SymInt input, u0 unbacked

@@ -157,6 +157,22 @@ def test_out_of_another_shape_is_resized_as_on_the_cpu():
     assert_programs_only(torch_spyre.fallback_stats())
 
 
+def test_the_resize_warning_names_the_op_once(capfd):
+    """The program path warns as the host path does (tests/device/test_eager.py), once: the fake run that
+    finds the out's new shape gets an out of no elements, so torch's C++ warning is not printed too."""
+    src, idx = _x(16, 64), torch.tensor([5, 0, 9])
+    out = s(torch.zeros(7))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.index_select(s(src), 0, s(idx), out=out)
+    (msg,) = [str(w.message) for w in caught if "was resized" in str(w.message)]
+    assert "had shape [7], which does not match the required output shape [3, 64]" in msg
+    assert msg.endswith("(aten::index_select.out, argument 'out', a spyre:0 tensor)")
+    assert "was resized" not in capfd.readouterr().err
+    torch.testing.assert_close(out.cpu(), src[idx])
+    assert_programs_only(torch_spyre.fallback_stats())
+
+
 def test_python_numbers_and_cpu_scalars_are_constants_of_the_program():
     i = torch.tensor([5, 7, -3], dtype=torch.int32)
     r = s(i) % 4  # remainder.Tensor with a wrapped number 4
@@ -380,3 +396,62 @@ def test_eager_sdpa_needing_gradients_keeps_the_decomposition():
     F.scaled_dot_product_attention(qc, k, v, is_causal=True).sum().backward()
     torch.testing.assert_close(qs.grad.cpu(), qc.grad, **TOL[torch.float16])  # fp32 matmuls round to 16 bits
     assert "spyre::flash_attention" not in torch_spyre.fallback_stats().compiled
+
+
+def _zero_and_index_out(src, idx):
+    z = s(torch.ones(6, 64))
+    z.zero_()
+    out = s(torch.empty(3, 64))
+    torch.ops.aten.index.Tensor_out(s(src), [s(idx)], out=out)
+    return z, out
+
+
+def test_ops_torch_runs_under_no_dispatch_go_to_the_host_and_compile_later():
+    """Torch's tracers compute on real tensors under ``no_dispatch()`` (fake tensors' constant propagation
+    and fallback kernels, Inductor's constant inlining): no one-op graph can be traced there (making a
+    fake tensor fails an assertion). Such a call runs on the host without a warning, and its signature is
+    not remembered as a host op: the same call outside compiles (it stayed on the host, warning about
+    the AssertionError)."""
+    from torch.utils._mode_utils import no_dispatch
+
+    eager.reset_cache()
+    src, idx = _x(16, 64), torch.tensor([5, 0, 9])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with no_dispatch():
+            z, out = _zero_and_index_out(src, idx)
+    assert torch.equal(z.cpu(), torch.zeros(6, 64)) and torch.equal(out.cpu(), src[idx])
+    stats = torch_spyre.fallback_stats()
+    assert stats.host.keys() >= {"zero_", "index.Tensor_out"} and not stats.compiled
+    assert eager.host_reasons()["index.Tensor_out"] == eager.UNDER_NO_DISPATCH
+    assert eager.cache_stats()["failures"] == 0
+
+    torch_spyre.reset_fallback_stats()
+    z, out = _zero_and_index_out(src, idx)
+    assert torch.equal(z.cpu(), torch.zeros(6, 64)) and torch.equal(out.cpu(), src[idx])
+    stats = torch_spyre.fallback_stats()
+    assert stats.compiled.keys() >= {"zero_", "index.Tensor_out"}
+    assert_programs_only(stats)
+
+
+def test_eager_ops_while_torch_compile_compiles_run_on_the_host_without_warnings(tmp_path, monkeypatch):
+    """Inductor prints a graph's spyre tensor constants into its repro string while it compiles the graph
+    (eager ops on real tensors); a one-op graph cannot be compiled from in there (with the FX graph cache
+    on, torch's default, Inductor's per-compile Triton bundler asserts). Those ops run on the host quietly
+    and nothing is remembered against them."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # a cache miss: the graph is compiled
+    def f(x):
+        t = torch.tensor([1.0, 2.0, 3.0, 5.0], device="spyre")  # a constant of the graph (printed)
+        return x + t.mul_(2)
+
+    torch._dynamo.reset()
+    eager.reset_cache()
+    x = torch.arange(4.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch._inductor.config.patch(fx_graph_cache=True):
+            out = torch.compile(f)(s(x))
+    torch.testing.assert_close(out.cpu(), x + torch.tensor([2.0, 4.0, 6.0, 10.0]))
+    assert not [str(w.message) for w in caught if "AssertionError" in str(w.message)]
+    assert not [r for r in eager.host_reasons().values() if "AssertionError" in r]
+    assert eager.DURING_GRAPH_COMPILE in eager.host_reasons().values()

@@ -111,6 +111,37 @@ def test_a_wrong_sized_out_warns_as_on_the_cpu():
         assert out.cpu().tolist() == [2.0, 2.0, 2.0]
 
 
+def _resized_warnings(fn) -> list[str]:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn()
+    return [str(w.message) for w in caught if "was resized" in str(w.message)]
+
+
+def test_the_resize_warning_names_the_op_and_the_argument(capfd):
+    """An out= with elements and another shape is resized with torch's warning (its text first, so
+    filters on it still match), once, naming the op and the argument; an out= of no elements is
+    resized silently, as torch allows."""
+    src, idx = torch.arange(12.0).reshape(4, 3), torch.tensor([2, 0])
+    out = torch.empty(5, device="spyre")
+    (msg,) = _resized_warnings(lambda: torch.index_select(s(src), 0, s(idx), out=out))
+    assert msg.startswith("An output with one or more elements was resized since it had shape [5], which does "
+                          "not match the required output shape [2, 3].")
+    assert msg.endswith("(aten::index_select.out, argument 'out', a spyre:0 tensor)")
+    assert torch.equal(out.cpu(), src[idx])
+    values, indices = torch.empty(3, device="spyre"), torch.empty(0, dtype=torch.long, device="spyre")
+    (msg,) = _resized_warnings(lambda: torch.max(s(src), 1, out=(values, indices)))
+    assert "had shape [3], which does not match the required output shape [4]" in msg
+    assert msg.endswith("(aten::max.dim_max, argument 'max', a spyre:0 tensor)")
+    assert torch.equal(values.cpu(), src.max(1).values) and torch.equal(indices.cpu(), src.max(1).indices)
+    empty = torch.empty(0, device="spyre")
+    assert _resized_warnings(lambda: torch.ops.aten.index.Tensor_out(s(src), [s(idx)], out=empty)) == []
+    assert torch.equal(empty.cpu(), src[idx])
+    assert "was resized" not in capfd.readouterr().err  # nor torch's C++ warning on stderr
+
+
 def test_autograd_grads_on_spyre_and_optimizer_step():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 3))

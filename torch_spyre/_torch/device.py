@@ -6,6 +6,7 @@ What the device needs from torch internals, under names that say what each does 
   device module (``torch.<name>``), Python device hooks (always available) and a device guard;
 - :func:`redispatch_to_cpu`: run an op's CPU kernel on device tensors (metadata-only ops, ``set_``);
 - :func:`call_composite_implicit`: an op's CompositeImplicitAutograd kernel (its decomposition);
+- :func:`torch_dispatch_disabled`: whether this thread runs with torch dispatch off (``no_dispatch()``);
 - :func:`op_schema`, :data:`OpOverload`: an ATen op's schema, the type of an op overload;
 - :func:`storage_key`: a number identifying a storage's ``StorageImpl`` while it lives;
 - :func:`current_accelerator_type`: the device type of ``torch.accelerator``'s current accelerator.
@@ -39,6 +40,8 @@ PRIVATE_SYMBOLS = [
     "torch._C._autograd:DeviceType.PrivateUse1",
     "torch._C:DispatchKey.CPU",
     "torch._C:DispatchKey.CompositeImplicitAutograd",
+    "torch._C:DispatchKey.Python",
+    "torch._C:_dispatch_tls_local_exclude_set",
     "torch._C:DispatchKeySet",
     "torch._C:_get_privateuse1_backend_name",
     "torch._C:_accelerator_getAccelerator",
@@ -97,6 +100,14 @@ def redispatch_to_cpu(op: Any, *args: Any, **kwargs: Any) -> Any:
 def call_composite_implicit(op: Any, *args: Any, **kwargs: Any) -> Any:
     """``op``'s CompositeImplicitAutograd kernel: torch's own decomposition of the op."""
     return op._op_dk(_COMPOSITE_IMPLICIT, *args, **kwargs)
+
+
+def torch_dispatch_disabled() -> bool:
+    """Whether this thread runs with torch dispatch disabled (``torch.utils._mode_utils.no_dispatch()``:
+    the Python dispatch key excluded). Torch's tracers do so to compute on real tensors (fake tensors'
+    constant propagation and fallback kernels, Inductor's constant inlining); nothing traced with fake
+    tensors can run there (making a fake tensor then fails an assertion)."""
+    return torch._C._dispatch_tls_local_exclude_set().has(torch._C.DispatchKey.Python)
 
 
 def set_composite_python_kernel(op: Any, fn: Callable[..., Any]) -> None:

@@ -17,11 +17,12 @@ for), so the compiler's modules can import it at their top. What the compiler ne
 - shape symbols and index expressions: :func:`is_shape_symbol`, ``index_functions`` (Inductor's sympy
   functions: ``FloorDiv``, ``ModularIndexing``, ...);
 - compiling one graph outside ``torch.compile``: :func:`fake_tensor_mode`, :func:`compile_graph`,
-  :func:`disable_fx_graph_cache`.
+  :func:`disable_fx_graph_cache`; :func:`graph_compile_in_progress` (not while another compiles).
 
 The patches of torch's global state the compiler makes (docs/architecture.md, "Patches of torch's
-global state"): :func:`register_lowering` (Inductor's lowerings table) and
-:func:`keep_device_constants_unfolded` (joint-graph constant folding).
+global state"): :func:`register_lowering` (Inductor's lowerings table),
+:func:`keep_device_constants_unfolded` (joint-graph constant folding) and
+:func:`keep_device_out_of_combo_kernels` (the scheduler's grouping of combo kernels).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ PRIVATE_SYMBOLS = [
     "torch._inductor.scheduler:SchedulerNode",
     "torch._inductor.scheduler:FusedSchedulerNode",
     "torch._inductor.scheduler:ForeachKernelSchedulerNode",
+    "torch._inductor.scheduler:ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels",
+    "torch._inductor.scheduler:ForeachKernelSchedulerNode.set_group_algorithm_for_combo_kernels",
     "torch._inductor.ir:IRNode",
     "torch._inductor.ir:ExternKernel.realize_input",
     "torch._inductor.ir:ExternKernel.require_contiguous",
@@ -198,6 +201,30 @@ def keep_device_constants_unfolded(on_device: Callable[[Any], bool]) -> None:
     joint_graph.constant_fold_uniform_value = constant_fold_uniform_value
 
 
+def keep_device_out_of_combo_kernels(device: str) -> None:
+    """Patch: Inductor's grouping of nodes into combo kernels (``config.combo_kernels``, which vLLM turns on
+    for every platform but the CPU) leaves out the nodes on ``device``, as Inductor itself leaves out the
+    CPU's and MPS's. A combo kernel is a ``ForeachKernelSchedulerNode`` that only Triton (SIMD)
+    schedulings can generate or benchmark: the scheduler asserts on any other backend. The grouping
+    algorithm is the scheduler's hook for this (``set_group_algorithm_for_combo_kernels``); the one in
+    place is wrapped, so other devices group as before."""
+    foreach = _module("torch._inductor.scheduler").ForeachKernelSchedulerNode
+    original = foreach.group_algorithm_for_combo_kernels
+    if getattr(original, "_spyre_guard", False):
+        return
+
+    def group_nodes_for_combo_kernels(scheduler):
+        groups = []
+        for group in original(scheduler):
+            kept = [n for n in group if getattr(n.get_device(), "type", None) != device]
+            if kept:
+                groups.append(kept)
+        return groups
+
+    group_nodes_for_combo_kernels._spyre_guard = True
+    foreach.set_group_algorithm_for_combo_kernels(group_nodes_for_combo_kernels)
+
+
 # --- the graph being compiled -----------------------------------------------------------------------
 def current_graph() -> Any:
     """The ``GraphLowering`` being compiled (``V.graph``): sizevars, buffers, inputs, wrapper code."""
@@ -330,6 +357,14 @@ def is_shape_symbol(symbol: Any) -> bool:
 def fake_tensor_mode() -> Any:
     """A fresh ``FakeTensorMode`` (tensors with metadata and no data)."""
     return _module("torch._subclasses.fake_tensor").FakeTensorMode()
+
+
+def graph_compile_in_progress() -> bool:
+    """Whether this thread is inside ``torch.compile``'s compilation of a graph (Dynamo, AOTAutograd,
+    Inductor: a ``TracingContext`` is set). Inductor cannot compile another graph from in there (its
+    per-compile state, e.g. the Triton bundler, asserts), yet it runs eager ops on real tensors there,
+    e.g. to print a graph's tensor constants into its repro string."""
+    return _module("torch._guards").TracingContext.try_get() is not None
 
 
 def compile_graph(gm: Any, example_inputs: list) -> Callable[..., Any]:

@@ -8,6 +8,7 @@ It registers (all through the seam, ``torch_spyre/_torch/inductor.py``):
 - Dynamo's skip of the device's Python kernels (never traced, even inside a compiled region);
 - the lowerings that keep whole ops on the card (``lowerings.py``: patches Inductor's lowerings table);
 - the skip of joint-graph constant folding for spyre graphs (a patch of Inductor's pass);
+- spyre nodes kept out of combo kernels (a grouping algorithm wrapping the scheduler's own);
 - the program generators (``generators.py``; one that fails to import raises).
 
 Nothing calls it at ``import torch_spyre``: the first ``torch.compile`` on spyre tensors reaches it through
@@ -88,6 +89,14 @@ def _no_device_constant_folding() -> None:
     torch_inductor.keep_device_constants_unfolded(_graph_on_spyre)
 
 
+def _no_combo_kernels() -> None:
+    """Inductor's combo kernels (``torch._inductor.config.combo_kernels``, on for every non-CPU platform
+    under vLLM) bundle independent kernels into one Triton launch; only Triton schedulings can generate
+    or benchmark them. Spyre nodes stay out of the grouping (as Inductor keeps CPU and MPS nodes out), so
+    each becomes its own kernel, whatever that setting."""
+    torch_inductor.keep_device_out_of_combo_kernels(DEVICE)
+
+
 def _dynamo_skips_device_kernels() -> None:
     """Dynamo must not trace the device's Python kernels (and all they call) when the dispatcher
     enters them inside a compiled region, e.g. autograd's backward after a graph break."""
@@ -115,6 +124,7 @@ def register() -> None:
         _dynamo_skips_device_kernels()
         register_lowerings()
         _no_device_constant_folding()
+        _no_combo_kernels()
         register_builtin_generators()
         _registered = True
 

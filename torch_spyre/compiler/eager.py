@@ -36,9 +36,11 @@ from typing import Any, Callable
 
 import torch
 
+from .._torch import device as torch_device
 from .._torch import inductor as torch_inductor
 from .._torch.device import OpOverload
-from ..device.op_call import bound_args, flat_tensors, map_tensors, resize_warning, rewrap_numbers
+from ..device.op_call import (bound_args, flat_tensors, map_tensors, resize_written, rewrap_numbers,
+                              write_only_outs, written_args)
 from ..runtime.timing_only import NoDataError
 
 MODES = ("compile", "host")
@@ -281,9 +283,17 @@ def one_op_function(op: OpOverload, info: Any, args: tuple, kwargs: dict):
 
 
 def out_shapes(op: OpOverload, info: Any, args: tuple, kwargs: dict) -> list[tuple[int, ...]]:
-    """The shapes the op gives its written arguments (``out=`` may need a resize), from a fake run."""
+    """The shapes the op gives its written arguments (``out=`` may need a resize), from a fake run.
+    ``out=`` arguments that no input shares are fakes of no elements there, which the op resizes
+    silently: a fake of the out's own shape made the fake kernel print torch's C++ "was resized"
+    warning besides ours (:func:`resize_outs`)."""
+    write_only = {id(t) for t in write_only_outs(info, bound_args(info, args, kwargs))}
     with torch_inductor.fake_tensor_mode() as mode:
-        to_fake = lambda x: mode.from_tensor(x)  # noqa: E731
+        def to_fake(x):
+            if id(x) in write_only:
+                return torch.empty(0, dtype=x.dtype, device=x.device)  # a fake tensor (the mode is on)
+            return mode.from_tensor(x)
+
         fargs = tuple(map_tensors(to_fake, a) for a in args)
         fkwargs = {k: map_tensors(to_fake, v) for k, v in kwargs.items()}
         op(*fargs, **fkwargs)
@@ -305,12 +315,8 @@ def resize_outs(op, info: Any, args: tuple, kwargs: dict, bound: list[Any], key:
             if len(_out_shape_cache) > _cache.size:
                 _out_shape_cache.pop(next(iter(_out_shape_cache)))
     resized = False
-    for t, shape in zip(_written(info, bound), shapes):
-        if tuple(t.shape) != shape:
-            if t.numel():
-                resize_warning(t, torch.empty(shape, device="meta"))
-            t.resize_(shape)
-            resized = True
+    for (name, t), shape in zip(written_args(info, bound), shapes):
+        resized |= resize_written(info, name, t, shape)  # torch's warning if it held elements, naming the op
     return resized
 
 
@@ -491,7 +497,26 @@ def _results(info: Any, bound: list[Any], fresh: list[torch.Tensor]) -> Any:
 # ---------------------------------------------------------------------------------------------
 _warned: set[str] = set()
 # Host work that is not a computation a program should do: no warning (still counted).
-QUIET_REASONS = {"reads one value to the host", "a tensor of no elements"}
+# Calls that cannot compile now, whatever the op: they run on the host without warning, and nothing is
+# remembered for their signature (the next call outside those contexts compiles it).
+UNDER_NO_DISPATCH = "called with torch dispatch disabled (no_dispatch(): torch computing on real tensors)"
+DURING_GRAPH_COMPILE = "called while torch.compile compiles a graph (Inductor cannot compile another inside)"
+QUIET_REASONS = {"reads one value to the host", "a tensor of no elements", UNDER_NO_DISPATCH, DURING_GRAPH_COMPILE}
+
+
+def cannot_compile_now() -> str:
+    """Why no op can be compiled in this thread right now ("" if it can). Torch's tracers run eager ops
+    on real tensors under ``no_dispatch()`` (fake tensors' constant propagation and fallback kernels,
+    Inductor's constant inlining), where tracing the one-op graph with fake tensors fails an assertion;
+    and ``torch.compile`` runs some while it compiles a graph (printing tensor constants), where
+    Inductor cannot compile another graph. Those failures were remembered as the op's reason to run on
+    the host, so every later call of that signature stayed on the host, warning about an
+    AssertionError."""
+    if torch_device.torch_dispatch_disabled():
+        return UNDER_NO_DISPATCH
+    if torch_inductor.graph_compile_in_progress():
+        return DURING_GRAPH_COMPILE
+    return ""
 
 
 _reasons: dict[str, str] = {}

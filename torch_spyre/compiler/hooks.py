@@ -29,6 +29,10 @@ class EagerProgramRunner(ProgramRunner):
             return None
         if eager.compiling():
             return None
+        blocked = eager.cannot_compile_now()
+        if blocked:  # torch computing on real tensors inside a tracer: this call on the host, nothing cached
+            eager.warn_host(info.name, blocked)  # (a quiet reason: recorded in host_reasons(), no warning)
+            return None
         if eager.active():  # an op inside an eager program's graph: on the host, and the program is not used
             eager.note_nested_host(info.name)
             return None

@@ -226,14 +226,18 @@ def _is_spyre_node(node: Any) -> bool:
 def _check_symbols_bound(spec: KernelSpec) -> None:
     """Every shape symbol a kernel needs must be a local of the wrapper's ``call``: Inductor binds the
     symbols of the graph inputs' sizes and strides (and SymInt inputs) there, and unbacked ``u<n>`` where
-    they are computed."""
+    they are computed. Inputs that are not tensors (an opaque object such as vLLM's layer names, a
+    ScriptObject, a generator) have no size and bind nothing."""
     bound = {s for s in spec.symbols if s.startswith("u")}
     for value in torch_inductor.current_graph().graph_inputs.values():
         if isinstance(value, sympy.Expr):
             bound |= {str(x) for x in value.free_symbols}
-        elif hasattr(value, "get_size"):
-            for e in [*value.get_size(), *value.get_stride()]:
-                bound |= {str(x) for x in sympy.sympify(e).free_symbols}
+            continue
+        size = value.maybe_get_size() if hasattr(value, "maybe_get_size") else None
+        if size is None:
+            continue
+        for e in [*size, *(value.maybe_get_stride() or ())]:
+            bound |= {str(x) for x in sympy.sympify(e).free_symbols}
     missing = [s for s in spec.symbols if s not in bound]
     if missing:
         from .kernel_ir import DynamicShapeError

@@ -40,7 +40,8 @@ from .._torch.device import OpOverload
 from ..runtime import stream as rt
 from ..runtime.timing_only import NoDataError
 from . import cards, dtypes, storage, tensor
-from .op_call import OpInfo, bound_args, is_spyre, map_tensors, op_info, resize_warning, rewrap_numbers, tensors_in
+from .op_call import (OpInfo, bound_args, is_spyre, map_tensors, op_info, resize_written, rewrap_numbers, tensors_in,
+                      write_only_outs, written_args)
 from .program_runner import program_runner
 
 _counts: Counter[str] = Counter()  # ops computed on the host
@@ -262,7 +263,15 @@ def _run_without_data(op, info: OpInfo, args: tuple, kwargs: dict, card: int, mi
         return NoDataError(f"the spyre tensor ({list(missing.shape)}, {str(missing.dtype).replace('torch.', '')}) "
                            f"given to aten::{info.name}")
 
-    to_meta = lambda x: _meta_like(x) if is_spyre(x) else x  # noqa: E731
+    # Write-only outs are meta tensors of no elements, which the op resizes without a warning (as on the
+    # host path): the device out is resized below, warning if it held elements.
+    write_only = {id(t) for t in write_only_outs(info, bound_args(info, args, kwargs))}
+
+    def to_meta(x):
+        if not is_spyre(x):
+            return x
+        return torch.empty(0, dtype=x.dtype, device="meta") if id(x) in write_only else _meta_like(x)
+
     meta_args = tuple(map_tensors(to_meta, a) for a in args)
     meta_kwargs = {k: map_tensors(to_meta, v) for k, v in kwargs.items()}
     try:
@@ -276,15 +285,12 @@ def _run_without_data(op, info: OpInfo, args: tuple, kwargs: dict, card: int, mi
     bound = bound_args(info, args, kwargs)
     nbytes = sum(tensor.transfer_size(t).device_bytes for v, out in zip(bound, info.is_out) if not out
                  for t in tensors_in(v) if is_spyre(t))
-    for written, dev, meta in zip(info.is_write, bound, bound_args(info, meta_args, meta_kwargs)):
-        if not written:
-            continue
-        for d, m in (zip(dev, meta) if isinstance(dev, (list, tuple)) else [(dev, meta)]):
-            if is_spyre(d):
-                if tuple(d.shape) != tuple(m.shape):
-                    d.resize_(m.shape)
-                tensor.mark_no_data(d)
-                nbytes += tensor.transfer_size(d).device_bytes
+    meta_bound = bound_args(info, meta_args, meta_kwargs)
+    for (name, d), (_, m) in zip(written_args(info, bound), written_args(info, meta_bound)):
+        if is_spyre(d):
+            resize_written(info, name, d, m.shape)
+            tensor.mark_no_data(d)
+            nbytes += tensor.transfer_size(d).device_bytes
 
     def fresh(m: torch.Tensor) -> torch.Tensor:
         nonlocal nbytes
@@ -323,19 +329,13 @@ def _run_on_host(op, info: OpInfo, args: tuple, kwargs: dict, card: int, probe: 
     # out= arguments are only written: a host temporary with no elements, without reading the device
     # (unless an input shares its storage, as in ``x.add_(y)`` which runs ``add.out(x, y, out=x)``). The
     # CPU kernel resizes it to the result's shape without warning; the result is written back through
-    # the device out's view, which is resized first if its shape differs (see _resize_warning).
+    # the device out's view, which is resized first if its shape differs (``op_call.resize_written``).
     # A temporary of the device out's shape would make the CPU kernel warn "An output with one or more
     # elements was resized" whenever a composite op hands the fallback an out= of a placeholder shape
     # (F.mse_loss reaches ``mse_loss.out`` with a 0-d out that the CPU kernel first fills at full size).
     bound = bound_args(info, args, kwargs)
-    if any(info.is_out):
-        inputs = {t.untyped_storage().data_ptr()
-                  for v, out in zip(bound, info.is_out) if not out for t in tensors_in(v) if is_spyre(t)}
-        for v, out in zip(bound, info.is_out):
-            if out:
-                for t in tensors_in(v):
-                    if is_spyre(t) and t.untyped_storage().data_ptr() not in inputs:
-                        hosts[id(t)] = torch.empty(0, dtype=wide_dtype(t) or t.dtype)
+    for t in write_only_outs(info, bound):
+        hosts[id(t)] = torch.empty(0, dtype=wide_dtype(t) or t.dtype)
 
     def to_host(x):
         nonlocal nbytes
@@ -361,18 +361,11 @@ def _run_on_host(op, info: OpInfo, args: tuple, kwargs: dict, card: int, probe: 
     # Write mutated arguments back through their views.
     if any(info.is_write):
         host_bound = bound_args(info, host_args, host_kwargs)  # (no _HOST_EQUIVALENT op writes its arguments)
-        for written, dev, host in zip(info.is_write, bound, host_bound):
-            if not written:
+        for (name, d), (_, h) in zip(written_args(info, bound), written_args(info, host_bound)):
+            if not is_spyre(d):
                 continue
-            pairs = zip(dev, host) if isinstance(dev, (list, tuple)) else [(dev, host)]
-            for d, h in pairs:
-                if not is_spyre(d):
-                    continue
-                if tuple(d.shape) != tuple(h.shape):
-                    if d.numel():
-                        resize_warning(d, h)
-                    d.resize_(h.shape)
-                nbytes += tensor.write(d, h, computed_in_fp32=wide is not None).device_bytes
+            resize_written(info, name, d, h.shape)  # torch's warning if it held elements, naming the op
+            nbytes += tensor.write(d, h, computed_in_fp32=wide is not None).device_bytes
 
     # Results: aliases of arguments are the device arguments themselves; the rest are stored on the card
     # (in the op's own result dtype when it computed in fp32: see _wide_results).

@@ -131,12 +131,46 @@ def rewrap_numbers(info: OpInfo, args: tuple, kwargs: dict) -> tuple[tuple, dict
     return args, kwargs
 
 
-def resize_warning(dev: torch.Tensor, host: torch.Tensor) -> None:
-    """The warning the CPU gives for an ``out=`` with elements but the wrong shape (``_resize_output_check``)."""
-    warnings.warn(
-        f"An output with one or more elements was resized since it had shape {list(dev.shape)}, which does not "
-        f"match the required output shape {list(host.shape)}. This behavior is deprecated, and in a future "
-        "PyTorch release outputs will not be resized unless they have zero elements. You can explicitly "
-        "reuse an out tensor t by resizing it, inplace, to zero elements with t.resize_(0).",
-        UserWarning, stacklevel=2,
-    )
+def written_args(info: OpInfo, bound: list[Any]) -> list[tuple[str, torch.Tensor]]:
+    """The tensors the op writes (in-place ``self``, ``out=``), each with its argument's name (``out``,
+    ``out[1]`` in a list), in schema order."""
+    written = []
+    for name, value, w in zip(info.arg_names, bound, info.is_write):
+        if not w:
+            continue
+        if isinstance(value, torch.Tensor):
+            written.append((name, value))
+        elif isinstance(value, (list, tuple)):
+            written.extend((f"{name}[{i}]", t) for i, t in enumerate(value) if isinstance(t, torch.Tensor))
+    return written
+
+
+def write_only_outs(info: OpInfo, bound: list[Any]) -> list[torch.Tensor]:
+    """The spyre ``out=`` tensors the op only writes: those whose storage no input shares
+    (``x.add_(y)`` runs ``add.out(x, y, out=x)``, whose out is also read)."""
+    if not any(info.is_out):
+        return []
+    inputs = {t.untyped_storage().data_ptr()
+              for v, out in zip(bound, info.is_out) if not out for t in tensors_in(v) if is_spyre(t)}
+    return [t for v, out in zip(bound, info.is_out) if out
+            for t in tensors_in(v) if is_spyre(t) and t.untyped_storage().data_ptr() not in inputs]
+
+
+def resize_written(info: OpInfo, name: str, dev: torch.Tensor, shape: Any) -> bool:
+    """Resize a written argument to the shape the op gives it, as the CPU's ``resize_output`` does:
+    silently when it holds no elements; otherwise with torch's deprecation warning (its text first, so
+    filters on it still match), naming the op, the argument and the device. True if it was resized."""
+    shape = tuple(shape)
+    if tuple(dev.shape) == shape:
+        return False
+    if dev.numel():
+        warnings.warn(
+            f"An output with one or more elements was resized since it had shape {list(dev.shape)}, which does "
+            f"not match the required output shape {list(shape)}. This behavior is deprecated, and in a future "
+            "PyTorch release outputs will not be resized unless they have zero elements. You can explicitly "
+            "reuse an out tensor t by resizing it, inplace, to zero elements with t.resize_(0). "
+            f"(aten::{info.name}, argument {name!r}, a {dev.device} tensor)",
+            UserWarning, stacklevel=3,
+        )
+    dev.resize_(shape)
+    return True

@@ -9,7 +9,10 @@ The patching itself is done by the seam, ``torch_spyre/_torch/device.py``; docs/
 For a PrivateUse1 backend registered from Python, torch 2.13's C++ side hard-codes part of
 ``torch.accelerator`` (``torch/csrc/acc/Module.cpp``: the Python device guard always reports device 0,
 cannot synchronize, and no C++ ``DeviceAllocator`` exists, so the memory functions fail an internal
-assert). ``device_count``, ``is_available`` and ``current_accelerator`` already go through the device
+assert). ``empty_host_cache`` is worse: once the device is initialized (a spyre tensor exists) torch calls
+``at::getHostAllocator(PrivateUse1)``, which returns null for a backend that registered no C++ host
+allocator (the check is debug-only), and the call through it kills the process with SIGSEGV; vLLM calls it
+at shutdown. ``device_count``, ``is_available`` and ``current_accelerator`` already go through the device
 module. The functions below are replaced by thin wrappers that call ``torch.spyre`` when the current
 accelerator is spyre and the original otherwise.
 
@@ -41,6 +44,7 @@ from .._torch import device as torch_device
 _MEMORY = {
     "memory_stats": "memory_stats",
     "empty_cache": "empty_cache",
+    "empty_host_cache": "empty_host_cache",
     "get_memory_info": "mem_get_info",
     "reset_peak_memory_stats": "reset_peak_memory_stats",
     "reset_accumulated_memory_stats": "reset_accumulated_memory_stats",
