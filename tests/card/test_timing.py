@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from tests.work_counter import python_calls
 from torch_spyre.card.config import CardConfig, MiB
 from torch_spyre.card.timing import time_program
+from torch_spyre.card.timing.timer import simulate_program
 from torch_spyre.program import (
     Addr,
     Barrier,
@@ -313,6 +314,8 @@ def test_timing_is_deterministic_and_independent_of_data_and_names():
     again = time_program(Program.from_json(p1.to_json()), CFG)
     assert a.total_s == b.total_s == c.total_s == again.total_s
     assert a.intervals == b.intervals
+    fresh, fresh_renamed = simulate_program(p1, CFG), simulate_program(renamed, CFG)  # not from the memo
+    assert a.intervals == fresh.intervals == fresh_renamed.intervals and a.total_s == fresh_renamed.total_s
 
 
 def test_accounting_summary_and_roofline():
@@ -394,7 +397,7 @@ def _spans(t, core: int, engine_ops: tuple[str, ...]) -> list:
 def test_random_programs_respect_engines_and_hazards(cores):
     p = prog(dict(enumerate(cores)))
     t = time_program(p, CFG)
-    assert time_program(p, CFG).intervals == t.intervals
+    assert simulate_program(p, CFG).intervals == t.intervals
     for core, ins in enumerate(cores):
         # each in-order queue runs one instruction at a time
         for ops in (("dma_load",), ("dma_store",), ("elementwise",)):

@@ -45,7 +45,8 @@ first instruction starts at ``fixed_cost_s``.
 
 Modules: ``coster`` (one instruction's cost), ``graph`` (dependencies and hazards), ``sharing`` (the
 fluid max-min sharing), ``simulation`` (the event loop), ``accounting`` and ``report`` (the figures and
-:class:`ProgramTiming`), ``timer`` (:func:`time_program`).
+:class:`ProgramTiming`), ``memo`` (finished timings, reused for a program seen before up to operand
+names: a compiled model repeats its kernels once per layer), ``timer`` (:func:`time_program`).
 """
 
 from .coster import network_path

@@ -3,6 +3,7 @@ device bytes it touches. No simulation here; the formulas are card/costs.py's.""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +73,7 @@ def _contiguous_runs(pattern: DmaPattern) -> int:
     return pattern.sticks // run_sticks
 
 
+@functools.lru_cache(maxsize=8192)  # pure, and asked for once per DMA and ring send
 def network_path(src: int, dst: int, n: int, net: str) -> tuple[Any, ...]:
     """Links of network ``net`` crossed from stop ``src`` to ``dst`` (``costs.ring_path``)."""
     return tuple((net, *link) for link in costs.ring_path(src, dst, n))
@@ -95,6 +97,8 @@ class Coster:
             Elementwise: self.elementwise, Reduce: self.reduce, RingSend: self.ring_send, Signal: self.signal,
             Barrier: self.barrier,
         }
+        # Compute instructions cost the same on every core; loops repeat them (same buffers, next tile).
+        self._compute: dict[Instruction, tuple[float, tuple, tuple]] = {}
 
     # --- DMA ----------------------------------------------------------------------------------
     def dram_flow(self, core: int, nbytes: int, runs: int, direction: str) -> Flow:
@@ -177,7 +181,21 @@ class Coster:
         node.duration = costs.ring_hop_seconds(self.cfg, self.cfg.num_cores // 2)
 
     def cost(self, node: Node) -> None:
-        handler = self.handlers.get(type(node.instr))
+        ins = node.instr
+        cls = type(ins)
+        if cls in _CORE_INDEPENDENT:
+            known = self._compute.get(ins)
+            if known is not None:
+                node.duration, reads, writes = known
+                node.reads, node.writes = list(reads), list(writes)
+                return
+            self.handlers[cls](node, ins)
+            self._compute[ins] = (node.duration, tuple(node.reads), tuple(node.writes))
+            return
+        handler = self.handlers.get(cls)
         if handler is not None:
-            handler(node, node.instr)
+            handler(node, ins)
+
+
+_CORE_INDEPENDENT = (MatMul, Elementwise, Reduce)  # no flow, no device memory: only durations and spans
 

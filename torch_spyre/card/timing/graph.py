@@ -37,38 +37,45 @@ class Hazards:
         self.records: list[tuple[int, int, int, bool, Any]] = []  # lo, hi, node id, is_write, lane
         self.longest = 0
 
-    def _near(self, lo: int, hi: int) -> range:
-        """Indices of records that may overlap [lo, hi): those starting in (lo - longest, hi)."""
-        return range(bisect.bisect_right(self.starts, lo - self.longest), bisect.bisect_left(self.starts, hi))
-
     def add(self, node_id: int, lane: Any, reads: list[tuple[int, int]], writes: list[tuple[int, int]]) -> set[int]:
         preds: set[int] = set()
-        for (lo, hi), writes_only in [(r, True) for r in reads] + [(w, False) for w in writes]:
-            for i in self._near(lo, hi):
-                rlo, rhi, other, is_write, _ = self.records[i]
-                if rlo < hi and lo < rhi and (is_write or not writes_only):
-                    preds.add(other)  # RAW for reads; WAW and WAR for writes
-        self._drop_superseded(lane, reads, writes)
-        for (lo, hi), is_write in [(r, False) for r in reads] + [(w, True) for w in writes]:
-            if hi > lo:
-                i = bisect.bisect_right(self.starts, lo)
-                self.starts.insert(i, lo)
-                self.records.insert(i, (lo, hi, node_id, is_write, lane))
-                self.longest = max(self.longest, hi - lo)
+        starts, records = self.starts, self.records
+        if records:
+            longest = self.longest
+            # Only records starting in (lo - longest, hi) can overlap [lo, hi).
+            for lo, hi in reads:  # RAW: earlier writes
+                for i in range(bisect.bisect_right(starts, lo - longest), bisect.bisect_left(starts, hi)):
+                    rlo, rhi, other, is_write, _ = records[i]
+                    if is_write and rlo < hi and lo < rhi:
+                        preds.add(other)
+            for lo, hi in writes:  # WAW and WAR: any earlier access
+                for i in range(bisect.bisect_right(starts, lo - longest), bisect.bisect_left(starts, hi)):
+                    rlo, rhi, other, _, _ = records[i]
+                    if rlo < hi and lo < rhi:
+                        preds.add(other)
+            self._drop_superseded(lane, reads, writes)
+        for accesses, is_write in ((reads, False), (writes, True)):
+            for lo, hi in accesses:
+                if hi > lo:
+                    i = bisect.bisect_right(starts, lo)
+                    starts.insert(i, lo)
+                    records.insert(i, (lo, hi, node_id, is_write, lane))
+                    if hi - lo > self.longest:
+                        self.longest = hi - lo
         preds.discard(node_id)
         return preds
 
     def _drop_superseded(self, lane: Any, reads: list[tuple[int, int]], writes: list[tuple[int, int]]) -> None:
+        starts, records = self.starts, self.records
         doomed: set[int] = set()
         for (lo, hi), by_write in [(w, True) for w in writes] + [(r, False) for r in reads if lane is not None]:
-            start = bisect.bisect_left(self.starts, lo)
-            for i in range(start, bisect.bisect_left(self.starts, hi)):
-                rlo, rhi, _, is_write, rec_lane = self.records[i]
+            for i in range(bisect.bisect_left(starts, lo), bisect.bisect_left(starts, hi)):
+                rlo, rhi, _, is_write, rec_lane = records[i]
                 if rhi <= hi and (by_write or (not is_write and rec_lane == lane)):
                     doomed.add(i)
         for i in sorted(doomed, reverse=True):
-            del self.starts[i]
-            del self.records[i]
+            del starts[i]
+            del records[i]
 
 
 def _lane_of(ins: Instruction) -> Any:

@@ -21,6 +21,11 @@ class Simulation:
         self.g = graph
         self.sharing = Sharing(config)
         n = len(graph.nodes)
+        # Each flow's signature, interned once (the sharing solver works on signature ids).
+        self.sig_id = [-1 if node.flow is None else self.sharing.intern(node.flow.signature()) for node in graph.nodes]
+        self.duration = [node.duration for node in graph.nodes]
+        self.kind = ["flow" if node.flow is not None else "end" for node in graph.nodes]
+        self.flow_bytes = [0.0 if node.flow is None else node.flow.nbytes for node in graph.nodes]
         self.start = [math.nan] * n
         self.end = [math.nan] * n
         self.pending = [len(node.preds) for node in graph.nodes]
@@ -49,15 +54,12 @@ class Simulation:
         self._check_all_ran()
 
     # --- events -------------------------------------------------------------------------------
-    def _push(self, t: float, kind: str, nid: int) -> None:
-        heapq.heappush(self.timers, (t, self.seq, kind, nid))
-        self.seq += 1
-
     def _start_all(self, nids: list[int]) -> None:
+        now, start, duration, kind, timers = self.now, self.start, self.duration, self.kind, self.timers
         for nid in nids:
-            node = self.g.nodes[nid]
-            self.start[nid] = self.now
-            self._push(self.now + node.duration, "flow" if node.flow is not None else "end", nid)
+            start[nid] = now
+            heapq.heappush(timers, (now + duration[nid], self.seq, kind[nid], nid))
+            self.seq += 1
 
     def _next_event(self) -> float:
         t = self.timers[0][0] if self.timers else math.inf
@@ -80,9 +82,8 @@ class Simulation:
         tol = self.now * 1e-12 + 1e-18
         while self.timers and self.timers[0][0] <= self.now + tol:
             _t, _s, kind, nid = heapq.heappop(self.timers)
-            flow = self.g.nodes[nid].flow
-            if kind == "flow" and flow is not None and flow.nbytes > 0:
-                self.flows[nid] = [flow.nbytes, 0.0]
+            if kind == "flow" and self.flow_bytes[nid] > 0:  # "flow" timers are only pushed for nodes with a flow
+                self.flows[nid] = [self.flow_bytes[nid], 0.0]
                 self.flows_changed = True
             else:
                 self._finish(nid)
@@ -96,20 +97,24 @@ class Simulation:
 
     def _finish(self, nid: int) -> None:
         self.end[nid] = self.now
+        pending = self.pending
         ready = []
         for s in self.succs[nid]:
-            self.pending[s] -= 1
-            if self.pending[s] == 0:
+            pending[s] -= 1
+            if pending[s] == 0:
                 ready.append(s)
-        self._start_all(ready)
+        if ready:
+            self._start_all(ready)
 
     def _share(self) -> None:
-        classes: dict[tuple, int] = defaultdict(int)
+        sig_id = self.sig_id
+        classes: dict[int, int] = {}  # in the order the flows started: the order the solver sums loads in
         for nid in self.flows:
-            classes[self.g.nodes[nid].flow.signature()] += 1  # type: ignore[union-attr]
+            sid = sig_id[nid]
+            classes[sid] = classes.get(sid, 0) + 1
         rates, self.occupancy = self.sharing.rates(classes)
         for nid, f in self.flows.items():
-            f[1] = rates[self.g.nodes[nid].flow.signature()]  # type: ignore[union-attr]
+            f[1] = rates[sig_id[nid]]
         self.flows_changed = False
 
     def _check_all_ran(self) -> None:

@@ -15,15 +15,27 @@ from .accounting import (
 )
 from .coster import Coster
 from .graph import Graph, rescan_received_bytes
+from .memo import TimingMemo, program_key
 from .report import Interval, ProgramTiming
 from .simulation import Simulation
 
+_memo = TimingMemo()
+
 
 def time_program(program: Program, config: CardConfig) -> ProgramTiming:
-    """Time ``program`` on a card with ``config``. Raises ProgramError for programs that cannot finish."""
+    """Time ``program`` on a card with ``config``. Raises ProgramError for programs that cannot finish.
+
+    A program timed before (up to operand names, see ``memo``) is not simulated again."""
     for core in program.cores:
         if not 0 <= core < config.num_cores:
             raise ProgramError(f"core {core} does not exist (the card has {config.num_cores})", core)
+    key = program_key(program, config)
+    found = _memo.get(key, program, config)
+    return found if found is not None else _memo.put(key, simulate_program(program, config))
+
+
+def simulate_program(program: Program, config: CardConfig) -> ProgramTiming:
+    """:func:`time_program` without the memo: always simulates (``program``'s cores must exist)."""
     graph = Graph(program, Coster(config))
     rescan_received_bytes(graph)
     sim = Simulation(graph, config)
