@@ -8,7 +8,9 @@ It registers (all through the seam, ``torch_spyre/_torch/inductor.py``):
 - Dynamo's skip of the device's Python kernels (never traced, even inside a compiled region);
 - the lowerings that keep whole ops on the card (``lowerings.py``: patches Inductor's lowerings table);
 - the skip of joint-graph constant folding for spyre graphs (a patch of Inductor's pass);
-- the program generators (``generators.py``; one that fails to import raises).
+- the program generators (``generators.py``; one that fails to import raises);
+- the fallback of ops the card cannot lower to the eager op (``fallback.py``: a check after each
+  lowering, and a compile retried with the nodes a kernel could not lower as fallback kernels).
 
 Nothing calls it at ``import torch_spyre``: the first ``torch.compile`` on spyre tensors reaches it through
 Inductor's lookup of ``torch.spyre.Scheduling`` (answered by ``hooks.py``), the first eager program through
@@ -116,6 +118,10 @@ def register() -> None:
         register_lowerings()
         _no_device_constant_folding()
         register_builtin_generators()
+        from .fallback import lowering_refusal
+
+        torch_inductor.guard_lowerings(lowering_refusal)
+        torch_inductor.retry_compile_after_fallbacks()
         _registered = True
 
 

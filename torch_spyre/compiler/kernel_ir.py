@@ -112,12 +112,12 @@ class RecordingHandler:
         guards = {"guards": list(self.guards)} if self.guards else {}
         return self._emit("load", [], dtype, buffer=self.real_name(name), index=self._index(index), **guards)
 
-    def store(self, name: str, index: sympy.Expr, value: Any, mode: Any = None) -> None:
+    def store(self, name: str | None, index: sympy.Expr, value: Any, mode: Any = None) -> None:
         if mode is not None:
             raise LoweringError(f"store mode {mode!r} (e.g. atomic add from index_put/scatter) into {name} "
                                 "is not supported by the Spyre compiler yet")
-        self._emit("store", [value], torch_inductor.current_graph().get_dtype(name), buffer=self.real_name(name),
-                   index=self._index(index))
+        dtype = torch_inductor.current_graph().get_dtype(name) if name else self._dtype_of(value)
+        self._emit("store", [value], dtype, buffer=self.real_name(name), index=self._index(index))
 
     def store_reduction(self, name: str, index: sympy.Expr, value: Any) -> None:
         self._emit("store", [value], torch_inductor.current_graph().get_dtype(name), buffer=self.real_name(name),
@@ -301,6 +301,37 @@ def _node_ops(node: Any, sizes: list[Dim], rsizes: list[Dim], real_name: Any = N
     return handler.ops, handler.symbols
 
 
+def ir_ops(kind: str, node: Any) -> list[Op]:
+    """The ops of an IR node a lowering just built (``torch_inductor.ir_kind``: an unrealized pointwise,
+    reduction or scatter, or a computed buffer), recorded as a kernel of it would be. Raises
+    :class:`LoweringError` as :func:`kernel_spec` would for what the card cannot lower (an unknown op, a
+    store mode)."""
+    data = node.data if kind == "computed" else node
+    if kind == "computed":
+        sizes, rsizes = list(data.get_pointwise_size()), list(data.get_reduction_size())
+    else:
+        sizes, rsizes = list(data.ranges), list(getattr(data, "reduction_ranges", []))
+    xvars = [sympy.Symbol(f"x{i}", integer=True, nonnegative=True) for i in range(len(sizes))]
+    rvars = [sympy.Symbol(f"r{i}", integer=True, nonnegative=True) for i in range(len(rsizes))]
+    handler = RecordingHandler({str(v) for v in xvars + rvars})
+    numel = sympy.sympify(torch_inductor.size_product(rsizes))
+    handler.reduction_numel = int(numel) if numel.is_number else str(numel)
+    with torch_inductor.recording_ops(handler):
+        flat = lambda index: sum(index, sympy.Integer(0))  # noqa: E731 - any index of the store will do
+        if kind == "computed" and rsizes:
+            data.store_reduction(node.get_name(), flat, xvars, rvars)
+        elif kind == "computed":
+            data.store_output(node.get_name(), flat, xvars)
+        elif kind == "reduction":
+            value = data.inner_fn(xvars, rvars)
+            handler.reduction(data.get_dtype(), data.get_dtype(), data.reduction_type, value)
+        elif kind == "scatter":
+            data.store_output(None, flat, xvars)
+        else:
+            data.inner_fn(xvars)
+    return handler.ops
+
+
 def origins_of(nodes: list[Any]) -> tuple[list[str], list[str]]:
     """ATen op names and stack-trace lines of the FX nodes the scheduler nodes came from."""
     ops: list[str] = []
@@ -379,7 +410,9 @@ def kernel_spec(name: str, nodes: list[Any], real_name: Any = None, internal: It
         except LoweringError as e:
             where = ", ".join(node_ops) or n.get_name()
             at = f" at {node_lines[0]}" if node_lines else ""
-            raise type(e)(f"{e} (while lowering {where}{at})") from None
+            err = type(e)(f"{e} (while lowering {where}{at})")
+            err.failed_node = n  # the scheduler node: its origins may become fallback kernels (fallback.py)
+            raise err from None
         specs.append(NodeSpec(n.get_name(), sizes, rsizes, _placement(sizes, rsizes, xnumel, rnumel), ops, node_ops))
     source_ops, source_lines = origins_of(nodes)
     internal = sorted(internal)
