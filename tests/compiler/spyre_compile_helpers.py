@@ -21,6 +21,7 @@ TOL = {torch.float16: dict(atol=3e-2, rtol=2e-2), torch.float32: dict(atol=1e-4,
 def fresh():
     torch._dynamo.reset()
     wrapper.reset_host_fallback_stats()
+    wrapper.reset_compile_fallback_warnings()
     torch_spyre.reset_fallback_stats()
 
 

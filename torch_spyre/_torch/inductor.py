@@ -79,6 +79,7 @@ PRIVATE_SYMBOLS = [
     "torch._inductor.compile_fx:compile_fx",
     "torch._inductor.config:fx_graph_cache",
     "torch._inductor.graph:GraphLowering.call_function",
+    "torch._ops:OpOverload",
     "torch._inductor.compile_fx:_InProcessFxCompile.codegen_and_compile",
     "torch._inductor.ir:Pointwise",
     "torch._inductor.ir:Reduction",

@@ -4,7 +4,8 @@ Two places find them, both on graphs on spyre:
 
 - **at lowering** (:func:`lowering_refusal`, asked by Inductor's ``GraphLowering.call_function`` through
   the seam's ``guard_lowerings``): after Inductor lowers an FX node, the IR it built is recorded as a
-  kernel of it would be (``kernel_ir.ir_ops``). An op the vector unit does not have (``acos``), a store
+  kernel of it would be (``kernel_ir.ir_ops``). An op the vector unit does not have (``lgamma``; bit
+  operations on integers, which the pointwise generator would refuse), a store
   with a mode (``atomic_add`` from ``index_put(accumulate=True)``, ``scatter_add``, ``index_add``) or an
   index read from memory inside a pointwise kernel (``index_copy``, ``scatter``) makes the node a
   *fallback kernel*: Inductor's own ``FallbackKernel``, which calls the ATen op on the graph's spyre
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 
 from .._torch import inductor as torch_inductor
+from .._torch.device import OpOverload
 from .kernel_spec import DynamicShapeError, LoweringError, Op, UnsupportedDtypeError
 
 DEVICE = "spyre"
@@ -81,7 +83,21 @@ def _refusal(kind: str, node: Any) -> str | None:
         return None  # not a fallback: the compile reports these
     except LoweringError as e:
         return str(e)
-    return index_from_memory(ops)
+    except Exception:  # noqa: BLE001 - IR this check cannot walk yet (a buffer whose layout is not fixed):
+        return None  # the kernel spec decides at code generation (scheduling.py)
+    return index_from_memory(ops) or _bit_operation(ops)
+
+
+def _bit_operation(ops: list[Op]) -> str | None:
+    """The pointwise generator's refusal of bit operations on non-bool operands, found at lowering."""
+    from .codegen.pointwise.values import bool_only_refusal
+
+    dtypes = {o.id: o.dtype for o in ops}
+    for o in ops:
+        refusal = bool_only_refusal(o.op, {dtypes.get(a) for a in o.args})
+        if refusal:
+            return refusal
+    return None
 
 
 def index_from_memory(ops: list[Op]) -> str | None:
@@ -114,7 +130,7 @@ def mark_unlowered(error: LoweringError) -> bool:
         return False
     marked = False
     for origin in getattr(node.node, "origins", None) or ():
-        if origin.op == "call_function" and isinstance(origin.target, torch._ops.OpOverload):
+        if origin.op == "call_function" and isinstance(origin.target, OpOverload):
             torch_inductor.mark_fallback(origin, str(error))
             marked = True
     return marked

@@ -62,6 +62,8 @@ POINTWISE_OPS = {
     "floor_to_int", "ceil_to_int", "round_to_int", "trunc_to_int", "int_truediv", "mod", "truncdiv",
     "identity", "libdevice_exp", "libdevice_sqrt", "libdevice_abs", "libdevice_log", "bitwise_and",
     "bitwise_or", "bitwise_not", "and_", "or_", "xor", "bitwise_xor", "isnan", "isinf", "log10",
+    "acos", "asin", "atan", "sinh", "cosh", "tan", "asinh", "acosh", "atanh", "erfc", "atan2", "fmod",
+    "copysign", "hypot", "signbit", "logical_xor", "div_rn",
 }
 REDUCTIONS = {"sum", "max", "min", "prod", "welford_reduce", "any", "argmax", "argmin", "xor_sum", "welford_combine"}
 
@@ -215,7 +217,7 @@ def _literal_dtype(v: Any) -> torch.dtype:
 
 
 _BOOL_OPS = {"lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or", "logical_not", "and_", "or_",
-             "isnan", "isinf"}
+             "isnan", "isinf", "signbit", "logical_xor"}
 
 
 def _result_dtype(name: str, dtypes: list[str | None]) -> str | None:
@@ -227,7 +229,9 @@ def _result_dtype(name: str, dtypes: list[str | None]) -> str | None:
     for pref in ("float32", "float64", "float16", "bfloat16"):
         if pref in known:
             return pref
-    if name in ("truediv", "div", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "sin", "cos"):
+    if name in ("truediv", "div", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "sin", "cos", "acos",
+                "asin", "atan", "sinh", "cosh", "tan", "asinh", "acosh", "atanh", "erfc", "atan2", "copysign",
+                "hypot", "div_rn"):
         return "float32"
     return known[0]
 
