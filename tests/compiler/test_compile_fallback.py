@@ -114,10 +114,26 @@ def test_profiler_counts_compile_fallbacks():
 
 def test_dtype_refusals_are_not_fallbacks():
     """A dtype the card cannot compute in keeps its clear error (nothing would make it right)."""
-    from torch_spyre.compiler.fallback import _refusal  # noqa: F401 - the policy under test
-
     x = torch.rand(4, 64)
     fresh()
     with pytest.raises(Exception) as info:
         torch.compile(lambda a: (a.double() + 1).float())(x.to("spyre"))
     assert isinstance(info.value, UnsupportedDtypeError) or "float64" in str(info.value)
+
+
+def test_a_kernel_refused_at_code_generation_falls_back_too():
+    """Without the check at lowering, the kernel spec refuses lgamma at code generation: the ops of that
+    fused node are marked and the graph compiled again with them as fallback kernels."""
+    from torch_spyre._torch import inductor as torch_inductor
+    from torch_spyre.compiler.fallback import lowering_refusal
+
+    x = torch.rand(8, 64, generator=torch.Generator().manual_seed(4))
+    torch_inductor.guard_lowerings(lambda *args: None)
+    try:
+        got, calls, stats = compiled_with_warnings(lambda a: torch.lgamma(a + 2) * 0.5, x)
+    finally:
+        torch_inductor.guard_lowerings(lowering_refusal)
+    torch.testing.assert_close(got, torch.lgamma(x + 2) * 0.5, **TOL[torch.float32])
+    # The whole fused node's ops fell back (add, lgamma, mul): over-cautious, still right.
+    assert "aten.lgamma.default" in stats.compile_fallbacks
+    assert any("aten.lgamma.default" in m for m in calls[0])
