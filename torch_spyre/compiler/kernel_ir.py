@@ -82,6 +82,7 @@ class RecordingHandler:
     def _emit(self, op: str, args: Iterable[Any], dtype: torch.dtype | str | None, **attrs: Any) -> _Ref:
         norm = []
         for a in args:
+            a = _unwrapped(a)
             if isinstance(a, _Ref):
                 norm.append(a.id)
             elif isinstance(a, (bool, int, float)):
@@ -169,7 +170,7 @@ class RecordingHandler:
     def masked(self, mask, body, other):
         self.guards.append(mask.id)
         try:
-            result = body()
+            result = _unwrapped(body())
         finally:
             self.guards.pop()
         dt = self._dtype_of(result)
@@ -210,6 +211,13 @@ class RecordingHandler:
             return self._default(name, args, kwargs)
 
         return op
+
+
+def _unwrapped(v: Any) -> Any:
+    """A recorded value as the handler returned it: a body called through Inductor's ``ops`` proxy (an
+    IR node's ``inner_fn``, ``ir_ops``) gets it wrapped (``OpsValue.value``)."""
+    inner = getattr(v, "value", None)
+    return inner if isinstance(inner, _Ref) else v
 
 
 def _literal_dtype(v: Any) -> torch.dtype:
