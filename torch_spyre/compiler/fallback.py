@@ -34,7 +34,7 @@ import torch
 
 from .._torch import inductor as torch_inductor
 from .._torch.device import OpOverload
-from .kernel_spec import DynamicShapeError, LoweringError, Op, UnsupportedDtypeError
+from .kernel_spec import DynamicShapeError, LoweringError, Op, UnsupportedDtypeError, UnsupportedOpError
 
 DEVICE = "spyre"
 
@@ -79,12 +79,10 @@ def _refusal(kind: str, node: Any) -> str | None:
 
     try:
         ops = ir_ops(kind, node)
-    except (UnsupportedDtypeError, DynamicShapeError):
-        return None  # not a fallback: the compile reports these
-    except LoweringError as e:
+    except UnsupportedOpError as e:
         return str(e)
-    except Exception:  # noqa: BLE001 - IR this check cannot walk yet (a buffer whose layout is not fixed):
-        return None  # the kernel spec decides at code generation (scheduling.py)
+    except Exception:  # noqa: BLE001 - dtype and shape errors are the compile's to report; IR this check
+        return None  # cannot walk (a buffer whose layout is not fixed): the kernel spec decides at codegen
     return index_from_memory(ops) or _bit_operation(ops)
 
 

@@ -32,6 +32,7 @@ from .kernel_spec import (  # noqa: F401 - re-exported: the spec and its errors
     NodeSpec,
     Op,
     UnsupportedDtypeError,
+    UnsupportedOpError,
     _check_placement,
     check_computable,
     dtype_name,
@@ -117,7 +118,7 @@ class RecordingHandler:
 
     def store(self, name: str | None, index: sympy.Expr, value: Any, mode: Any = None) -> None:
         if mode is not None:
-            raise LoweringError(f"store mode {mode!r} (e.g. atomic add from index_put/scatter) into {name} "
+            raise UnsupportedOpError(f"store mode {mode!r} (e.g. atomic add from index_put/scatter) into {name} "
                                 "is not supported by the Spyre compiler yet")
         dtype = torch_inductor.current_graph().get_dtype(name) if name else self._dtype_of(value)
         self._emit("store", [value], dtype, buffer=self.real_name(name), index=self._index(index))
@@ -130,7 +131,7 @@ class RecordingHandler:
         if reduction_type == "welford_reduce":
             return self._welford(dtype, value)
         if reduction_type not in ("sum", "max", "min", "prod", "any", "argmax", "argmin"):  # arg*: codegen/pointwise
-            raise LoweringError(
+            raise UnsupportedOpError(
                 f"reduction {reduction_type!r} has no Spyre lowering yet (supported: sum, max, min, prod, any, "
                 "argmax, argmin, welford via mean/var); the op using it cannot be compiled for spyre"
             )
@@ -198,7 +199,7 @@ class RecordingHandler:
 
     def _default(self, name: str, args: tuple, kwargs: dict) -> Any:
         if name not in POINTWISE_OPS:
-            raise LoweringError(f"pointwise op {name!r} has no Spyre lowering yet")
+            raise UnsupportedOpError(f"pointwise op {name!r} has no Spyre lowering yet")
         dtypes = [self._dtype_of(a) for a in args if isinstance(a, _Ref)]
         dt = _result_dtype(name, dtypes)
         return self._emit(name, list(args), dt)
