@@ -200,12 +200,16 @@ TORCH_UNARY = {
     "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "sign": torch.sign,
     "logical_not": torch.logical_not, "square": torch.square, "gelu": torch.nn.functional.gelu,
     "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"), "silu": torch.nn.functional.silu,
+    "acos": torch.acos, "asin": torch.asin, "atan": torch.atan,
+    "sinh": torch.sinh, "cosh": torch.cosh, "tan": torch.tan, "asinh": torch.asinh, "acosh": torch.acosh,
+    "atanh": torch.atanh, "erfc": torch.special.erfc, "signbit": torch.signbit,
 }
 TORCH_BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
     "minimum": torch.minimum, "pow": torch.pow, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,
     "eq": torch.eq, "ne": torch.ne, "logical_and": torch.logical_and, "logical_or": torch.logical_or,
     "remainder": torch.remainder, "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "atan2": torch.atan2, "fmod": torch.fmod, "copysign": torch.copysign, "hypot": torch.hypot,
 }
 TORCH_TERNARY = {"where": lambda c, a, b: torch.where(c, a, b), "fma": lambda a, b, c: a * b + c}
 POSITIVE_ONLY = {"log", "sqrt", "rsqrt", "pow"}  # first input kept positive

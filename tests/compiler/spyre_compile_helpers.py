@@ -21,6 +21,7 @@ TOL = {torch.float16: dict(atol=3e-2, rtol=2e-2), torch.float32: dict(atol=1e-4,
 def fresh():
     torch._dynamo.reset()
     wrapper.reset_host_fallback_stats()
+    wrapper.reset_compile_fallback_warnings()
     torch_spyre.reset_fallback_stats()
 
 
@@ -89,6 +90,8 @@ def check(fn, *args, tol=None, ref_dtype=torch.float32):
         torch.testing.assert_close(g.to(r.dtype) if r.is_floating_point() else g, r, **t, check_dtype=False)
     assert wrapper.host_fallback_stats() == {}, wrapper.host_fallback_stats()
     assert dict(torch_spyre.fallback_stats()) == {}, dict(torch_spyre.fallback_stats())
+    # Nor an op run eagerly because the compiler refused it (compiler/fallback.py), on the card or not.
+    assert torch_spyre.fallback_stats().compile_fallbacks == {}, torch_spyre.fallback_stats().compile_fallbacks
     return got
 
 

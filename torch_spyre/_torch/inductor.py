@@ -17,12 +17,16 @@ for), so the compiler's modules can import it at their top. What the compiler ne
 - shape symbols and index expressions: :func:`is_shape_symbol`, ``index_functions`` (Inductor's sympy
   functions: ``FloorDiv``, ``ModularIndexing``, ...);
 - compiling one graph outside ``torch.compile``: :func:`fake_tensor_mode`, :func:`compile_graph`,
-  :func:`disable_fx_graph_cache`; :func:`graph_compile_in_progress` (not while another compiles).
+  :func:`disable_fx_graph_cache`; :func:`graph_compile_in_progress` (not while another compiles);
+- ops the card cannot lower run as fallback kernels (the eager op): :func:`guard_lowerings`,
+  :func:`retry_compile_after_fallbacks`, :func:`mark_fallback`, :func:`fallback_reason_of`, ``ir_kind``.
 
 The patches of torch's global state the compiler makes (docs/architecture.md, "Patches of torch's
 global state"): :func:`register_lowering` (Inductor's lowerings table),
-:func:`keep_device_constants_unfolded` (joint-graph constant folding) and
-:func:`keep_device_out_of_combo_kernels` (the scheduler's grouping of combo kernels).
+:func:`keep_device_constants_unfolded` (joint-graph constant folding),
+:func:`keep_device_out_of_combo_kernels` (the scheduler's grouping of combo kernels),
+:func:`guard_lowerings` (``GraphLowering.call_function``) and :func:`retry_compile_after_fallbacks` (the
+in-process compile of one FX graph).
 """
 
 from __future__ import annotations
@@ -77,6 +81,14 @@ PRIVATE_SYMBOLS = [
     "torch._inductor.fx_passes.joint_graph:constant_fold_uniform_value",
     "torch._inductor.compile_fx:compile_fx",
     "torch._inductor.config:fx_graph_cache",
+    "torch._inductor.graph:GraphLowering.call_function",
+    "torch._ops:OpOverload",
+    "torch._inductor.compile_fx:_InProcessFxCompile.codegen_and_compile",
+    "torch._inductor.ir:Pointwise",
+    "torch._inductor.ir:Reduction",
+    "torch._inductor.ir:Scatter",
+    "torch._inductor.ir:StorageBox",
+    "torch._inductor.ir:TensorBox",
     "torch._dynamo.device_interface:DeviceInterface",
     "torch._dynamo.device_interface:register_interface_for_device",
     "torch._dynamo.types:FrameAction.SKIP",
@@ -375,3 +387,106 @@ def compile_graph(gm: Any, example_inputs: list) -> Callable[..., Any]:
 def disable_fx_graph_cache() -> None:
     """Inductor recompiles every graph instead of serving it from its FX graph cache."""
     _module("torch._inductor.config").fx_graph_cache = False
+
+
+# --- ops the card cannot lower: fallback kernels ------------------------------------------------------
+# An FX node whose meta holds FALLBACK_KEY (the reason) is lowered by Inductor as a fallback kernel (the
+# ATen op called on the graph's tensors): Inductor's own ``should_fallback`` meta does that.
+FALLBACK_KEY = "spyre_fallback"
+
+
+def mark_fallback(node: Any, reason: str) -> None:
+    """From now on ``node`` (an FX node of the graph being lowered) lowers to a fallback kernel."""
+    node.meta[FALLBACK_KEY] = reason
+    node.meta["should_fallback"] = True
+
+
+def fallback_reason_of(ir_node: Any) -> tuple[str, str] | None:
+    """``(op name, reason)`` if an IR node is a fallback kernel made for a node :func:`mark_fallback`
+    marked, else None."""
+    for origin in getattr(ir_node, "origins", None) or ():
+        reason = getattr(origin, "meta", {}).get(FALLBACK_KEY)
+        if reason is not None:
+            return str(origin.target), reason
+    return None
+
+
+def _marked(gm: Any) -> int:
+    return sum(1 for n in gm.graph.nodes if FALLBACK_KEY in n.meta)
+
+
+def guard_lowerings(check: Callable[[Any, Any, list], tuple[str, bool] | None]) -> None:
+    """Patch ``GraphLowering.call_function`` (one call per FX node): after Inductor lowers an op,
+    ``check(target, out, new_operations)`` may refuse it, returning ``(reason, undoable)``. An undoable
+    refusal (the lowering only built IR that nothing registered: a pointwise op) lowers the node again as a
+    fallback kernel; otherwise the node is marked and the compile fails, to be retried
+    (:func:`retry_compile_after_fallbacks`). ``check`` is asked only about ops on graphs it cares for
+    (it returns None for the rest)."""
+    graph_cls = _module("torch._inductor.graph").GraphLowering
+    original = graph_cls.call_function
+    if getattr(original, "_spyre_guard", False):
+        graph_cls.call_function._spyre_check = check
+        return
+
+    def call_function(self, target, args, kwargs):
+        node = getattr(self, "current_node", None)
+        op_overload = _module("torch._ops").OpOverload
+        if node is None or not isinstance(target, op_overload) or "should_fallback" in node.meta:
+            return original(self, target, args, kwargs)
+        before = len(self.operations)
+        out = original(self, target, args, kwargs)
+        refused = call_function._spyre_check(target, out, list(self.operations[before:]))
+        if refused is None:
+            return out
+        reason, undoable = refused
+        mark_fallback(node, reason)
+        if not undoable:
+            raise RuntimeError(f"{target} cannot be lowered for the card ({reason}); the compile is retried "
+                               "with it as a fallback kernel")
+        return original(self, target, args, kwargs)
+
+    call_function._spyre_guard = True
+    call_function._spyre_check = check
+    graph_cls.call_function = call_function
+
+
+def retry_compile_after_fallbacks(max_attempts: int = 64) -> None:
+    """Patch the in-process compile of one FX graph: when it fails after marking more nodes as fallbacks
+    (:func:`mark_fallback`: by a lowering check, or by the scheduling when a kernel cannot be lowered), the
+    graph is compiled again, those nodes now fallback kernels. Each attempt marks at least one more node."""
+    compile_fx = _module("torch._inductor.compile_fx")
+    cls = compile_fx._InProcessFxCompile
+    original = cls.codegen_and_compile
+    if getattr(original, "_spyre_retry", False):
+        return
+
+    def codegen_and_compile(self, gm, example_inputs, inputs_to_check, graph_kwargs):
+        for _ in range(max_attempts):
+            marked = _marked(gm)
+            try:
+                return original(self, gm, example_inputs, inputs_to_check, graph_kwargs)
+            except Exception:
+                if _marked(gm) <= marked:
+                    raise
+        return original(self, gm, example_inputs, inputs_to_check, graph_kwargs)
+
+    codegen_and_compile._spyre_retry = True
+    cls.codegen_and_compile = codegen_and_compile
+
+
+def ir_kind(x: Any) -> tuple[str, Any]:
+    """What a lowering returned, unwrapped from its TensorBox/StorageBox: ``("pointwise", node)``,
+    ``("reduction", node)``, ``("scatter", node)`` for IR not yet realized, ``("computed", buffer)`` for a
+    computed buffer, ``("other", x)`` for anything else."""
+    ir = _ir()
+    while isinstance(x, (ir.TensorBox, ir.StorageBox)):
+        x = x.data
+    if isinstance(x, ir.ComputedBuffer):
+        return "computed", x
+    if isinstance(x, ir.Scatter):
+        return "scatter", x
+    if isinstance(x, ir.Pointwise):
+        return "pointwise", x
+    if isinstance(x, ir.Reduction):
+        return "reduction", x
+    return "other", x

@@ -32,7 +32,8 @@ FLOAT_DTYPES = frozenset({"dlfloat16", "float32"})
 # Ops whose result is floating point whatever the inputs (torch promotes integers for them).
 FLOAT_RESULT_OPS = frozenset(
     {"exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid", "erf", "sin", "cos", "gelu",
-     "gelu_tanh", "silu", "div"}
+     "gelu_tanh", "silu", "div", "acos", "asin", "atan", "sinh", "cosh", "tan", "asinh", "acosh", "atanh", "erfc",
+     "atan2", "copysign", "hypot"}
 )
 # Ops computed by torch's CPU kernels that take a vectorized path for the bulk of an array and a scalar
 # one for its tail: an element's bits depend on where it sits in the array. Whoever must reproduce the
@@ -40,12 +41,17 @@ FLOAT_RESULT_OPS = frozenset(
 # tests/card/test_vector_ops.py checks that every other op is position-independent.
 POSITION_DEPENDENT_OPS = frozenset({"sigmoid", "erf", "gelu", "gelu_tanh", "silu"})
 # Ops whose result is 0/1.
-BOOL_RESULT_OPS = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or", "logical_not"})
+BOOL_RESULT_OPS = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or", "logical_not",
+                             "signbit"})
 
 
 # torch computes these (numpy has no erf/gelu, and its sigmoid would round differently).
 def _erf(x: np.ndarray) -> np.ndarray:
     return torch.special.erf(torch.from_numpy(np.ascontiguousarray(x))).numpy()
+
+
+def _erfc(x: np.ndarray) -> np.ndarray:
+    return torch.special.erfc(torch.from_numpy(np.ascontiguousarray(x))).numpy()
 
 
 def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
@@ -81,6 +87,17 @@ UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "silu": lambda x: x * _sigmoid(x),
     "copy": lambda x: x,
     "cast": lambda x: x,
+    "acos": np.arccos,
+    "asin": np.arcsin,
+    "atan": np.arctan,
+    "sinh": np.sinh,
+    "cosh": np.cosh,
+    "tan": np.tan,
+    "asinh": np.arcsinh,
+    "acosh": np.arccosh,
+    "atanh": np.arctanh,
+    "erfc": _erfc,
+    "signbit": np.signbit,  # -0.0 and negative NaNs too, like torch.signbit
 }
 
 BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
@@ -101,6 +118,10 @@ BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "logical_or": lambda a, b: (a != 0) | (b != 0),
     "remainder": np.mod,  # sign of the divisor, like torch.remainder / Python's %
     "floordiv": np.floor_divide,
+    "atan2": np.arctan2,
+    "fmod": np.fmod,  # sign of the dividend, like torch.fmod / C's fmod
+    "copysign": np.copysign,
+    "hypot": np.hypot,
 }
 
 TERNARY: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {
@@ -137,7 +158,7 @@ def integer_operand_error(op: str, a: np.ndarray, b: np.ndarray) -> str | None:
     """Why a binary op cannot run on these (promoted) integer operands, or None: the cases where
     torch raises instead of returning a value."""
     if a.dtype.kind in "iub" and b.dtype.kind in "iub":
-        if op in ("remainder", "floordiv") and np.any(b == 0):
+        if op in ("remainder", "floordiv", "fmod") and np.any(b == 0):
             return f"integer {op} by zero"
         if op == "pow" and np.any(b < 0):
             return "integers to negative integer powers are not allowed (cast to float first)"

@@ -9,7 +9,9 @@ It registers (all through the seam, ``torch_spyre/_torch/inductor.py``):
 - the lowerings that keep whole ops on the card (``lowerings.py``: patches Inductor's lowerings table);
 - the skip of joint-graph constant folding for spyre graphs (a patch of Inductor's pass);
 - spyre nodes kept out of combo kernels (a grouping algorithm wrapping the scheduler's own);
-- the program generators (``generators.py``; one that fails to import raises).
+- the program generators (``generators.py``; one that fails to import raises);
+- the fallback of ops the card cannot lower to the eager op (``fallback.py``: a check after each
+  lowering, and a compile retried with the nodes a kernel could not lower as fallback kernels).
 
 Nothing calls it at ``import torch_spyre``: the first ``torch.compile`` on spyre tensors reaches it through
 Inductor's lookup of ``torch.spyre.Scheduling`` (answered by ``hooks.py``), the first eager program through
@@ -126,6 +128,10 @@ def register() -> None:
         _no_device_constant_folding()
         _no_combo_kernels()
         register_builtin_generators()
+        from .fallback import lowering_refusal
+
+        torch_inductor.guard_lowerings(lowering_refusal)
+        torch_inductor.retry_compile_after_fallbacks()
         _registered = True
 
 

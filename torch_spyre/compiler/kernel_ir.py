@@ -32,6 +32,7 @@ from .kernel_spec import (  # noqa: F401 - re-exported: the spec and its errors
     NodeSpec,
     Op,
     UnsupportedDtypeError,
+    UnsupportedOpError,
     _check_placement,
     check_computable,
     dtype_name,
@@ -62,6 +63,8 @@ POINTWISE_OPS = {
     "floor_to_int", "ceil_to_int", "round_to_int", "trunc_to_int", "int_truediv", "mod", "truncdiv",
     "identity", "libdevice_exp", "libdevice_sqrt", "libdevice_abs", "libdevice_log", "bitwise_and",
     "bitwise_or", "bitwise_not", "and_", "or_", "xor", "bitwise_xor", "isnan", "isinf", "log10",
+    "acos", "asin", "atan", "sinh", "cosh", "tan", "asinh", "acosh", "atanh", "erfc", "atan2", "fmod",
+    "copysign", "hypot", "signbit", "logical_xor", "div_rn",
 }
 REDUCTIONS = {"sum", "max", "min", "prod", "welford_reduce", "any", "argmax", "argmin", "xor_sum", "welford_combine"}
 
@@ -80,6 +83,7 @@ class RecordingHandler:
     def _emit(self, op: str, args: Iterable[Any], dtype: torch.dtype | str | None, **attrs: Any) -> _Ref:
         norm = []
         for a in args:
+            a = _unwrapped(a)
             if isinstance(a, _Ref):
                 norm.append(a.id)
             elif isinstance(a, (bool, int, float)):
@@ -112,12 +116,12 @@ class RecordingHandler:
         guards = {"guards": list(self.guards)} if self.guards else {}
         return self._emit("load", [], dtype, buffer=self.real_name(name), index=self._index(index), **guards)
 
-    def store(self, name: str, index: sympy.Expr, value: Any, mode: Any = None) -> None:
+    def store(self, name: str | None, index: sympy.Expr, value: Any, mode: Any = None) -> None:
         if mode is not None:
-            raise LoweringError(f"store mode {mode!r} (e.g. atomic add from index_put/scatter) into {name} "
+            raise UnsupportedOpError(f"store mode {mode!r} (e.g. atomic add from index_put/scatter) into {name} "
                                 "is not supported by the Spyre compiler yet")
-        self._emit("store", [value], torch_inductor.current_graph().get_dtype(name), buffer=self.real_name(name),
-                   index=self._index(index))
+        dtype = torch_inductor.current_graph().get_dtype(name) if name else self._dtype_of(value)
+        self._emit("store", [value], dtype, buffer=self.real_name(name), index=self._index(index))
 
     def store_reduction(self, name: str, index: sympy.Expr, value: Any) -> None:
         self._emit("store", [value], torch_inductor.current_graph().get_dtype(name), buffer=self.real_name(name),
@@ -127,7 +131,7 @@ class RecordingHandler:
         if reduction_type == "welford_reduce":
             return self._welford(dtype, value)
         if reduction_type not in ("sum", "max", "min", "prod", "any", "argmax", "argmin"):  # arg*: codegen/pointwise
-            raise LoweringError(
+            raise UnsupportedOpError(
                 f"reduction {reduction_type!r} has no Spyre lowering yet (supported: sum, max, min, prod, any, "
                 "argmax, argmin, welford via mean/var); the op using it cannot be compiled for spyre"
             )
@@ -167,7 +171,7 @@ class RecordingHandler:
     def masked(self, mask, body, other):
         self.guards.append(mask.id)
         try:
-            result = body()
+            result = _unwrapped(body())
         finally:
             self.guards.pop()
         dt = self._dtype_of(result)
@@ -195,7 +199,7 @@ class RecordingHandler:
 
     def _default(self, name: str, args: tuple, kwargs: dict) -> Any:
         if name not in POINTWISE_OPS:
-            raise LoweringError(f"pointwise op {name!r} has no Spyre lowering yet")
+            raise UnsupportedOpError(f"pointwise op {name!r} has no Spyre lowering yet")
         dtypes = [self._dtype_of(a) for a in args if isinstance(a, _Ref)]
         dt = _result_dtype(name, dtypes)
         return self._emit(name, list(args), dt)
@@ -210,12 +214,19 @@ class RecordingHandler:
         return op
 
 
+def _unwrapped(v: Any) -> Any:
+    """A recorded value as the handler returned it: a body called through Inductor's ``ops`` proxy (an
+    IR node's ``inner_fn``, ``ir_ops``) gets it wrapped (``OpsValue.value``)."""
+    inner = getattr(v, "value", None)
+    return inner if isinstance(inner, _Ref) else v
+
+
 def _literal_dtype(v: Any) -> torch.dtype:
     return torch.bool if isinstance(v, bool) else torch.int64 if isinstance(v, int) else torch.float32
 
 
 _BOOL_OPS = {"lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or", "logical_not", "and_", "or_",
-             "isnan", "isinf"}
+             "isnan", "isinf", "signbit", "logical_xor"}
 
 
 def _result_dtype(name: str, dtypes: list[str | None]) -> str | None:
@@ -227,7 +238,9 @@ def _result_dtype(name: str, dtypes: list[str | None]) -> str | None:
     for pref in ("float32", "float64", "float16", "bfloat16"):
         if pref in known:
             return pref
-    if name in ("truediv", "div", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "sin", "cos"):
+    if name in ("truediv", "div", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "sin", "cos", "acos",
+                "asin", "atan", "sinh", "cosh", "tan", "asinh", "acosh", "atanh", "erfc", "atan2", "copysign",
+                "hypot", "div_rn"):
         return "float32"
     return known[0]
 
@@ -299,6 +312,37 @@ def _node_ops(node: Any, sizes: list[Dim], rsizes: list[Dim], real_name: Any = N
     with torch_inductor.recording_ops(handler):
         node._body(xvars, rvars)
     return handler.ops, handler.symbols
+
+
+def ir_ops(kind: str, node: Any) -> list[Op]:
+    """The ops of an IR node a lowering just built (``torch_inductor.ir_kind``: an unrealized pointwise,
+    reduction or scatter, or a computed buffer), recorded as a kernel of it would be. Raises
+    :class:`LoweringError` as :func:`kernel_spec` would for what the card cannot lower (an unknown op, a
+    store mode)."""
+    data = node.data if kind == "computed" else node
+    if kind == "computed":
+        sizes, rsizes = list(data.get_pointwise_size()), list(data.get_reduction_size())
+    else:
+        sizes, rsizes = list(data.ranges), list(getattr(data, "reduction_ranges", []))
+    xvars = [sympy.Symbol(f"x{i}", integer=True, nonnegative=True) for i in range(len(sizes))]
+    rvars = [sympy.Symbol(f"r{i}", integer=True, nonnegative=True) for i in range(len(rsizes))]
+    handler = RecordingHandler({str(v) for v in xvars + rvars})
+    numel = sympy.sympify(torch_inductor.size_product(rsizes))
+    handler.reduction_numel = int(numel) if numel.is_number else str(numel)
+    with torch_inductor.recording_ops(handler):
+        flat = lambda index: sum(index, sympy.Integer(0))  # noqa: E731 - any index of the store will do
+        if kind == "computed" and rsizes:
+            data.store_reduction(node.get_name(), flat, xvars, rvars)
+        elif kind == "computed":
+            data.store_output(node.get_name(), flat, xvars)
+        elif kind == "reduction":
+            value = data.inner_fn(xvars, rvars)
+            handler.reduction(data.get_dtype(), data.get_dtype(), data.reduction_type, value)
+        elif kind == "scatter":
+            data.store_output(None, flat, xvars)
+        else:
+            data.inner_fn(xvars)
+    return handler.ops
 
 
 def origins_of(nodes: list[Any]) -> tuple[list[str], list[str]]:
@@ -379,7 +423,9 @@ def kernel_spec(name: str, nodes: list[Any], real_name: Any = None, internal: It
         except LoweringError as e:
             where = ", ".join(node_ops) or n.get_name()
             at = f" at {node_lines[0]}" if node_lines else ""
-            raise type(e)(f"{e} (while lowering {where}{at})") from None
+            err = type(e)(f"{e} (while lowering {where}{at})")
+            err.failed_node = n  # the scheduler node: its origins may become fallback kernels (fallback.py)
+            raise err from None
         specs.append(NodeSpec(n.get_name(), sizes, rsizes, _placement(sizes, rsizes, xnumel, rnumel), ops, node_ops))
     source_ops, source_lines = origins_of(nodes)
     internal = sorted(internal)

@@ -44,6 +44,34 @@ def note_host_fallback(name: str) -> None:
         _fallbacks[name] += 1
 
 
+_compile_fallback_warned: set[str] = set()
+
+
+def note_compile_fallback(op: str, reason: str) -> None:
+    """Called by generated code right before a compiled graph calls ``op`` eagerly because the compiler
+    could not lower it for the card (``fallback.py``): counted in
+    ``torch_spyre.fallback_stats().compile_fallbacks``, its work tagged for the profiler, and a warning
+    once per op (per process) naming it and why."""
+    import warnings
+
+    from ..device.fallback import expect_compile_fallback
+
+    expect_compile_fallback(op)
+    with _fallback_lock:
+        if op in _compile_fallback_warned:
+            return
+        _compile_fallback_warned.add(op)
+    warnings.warn(f"torch.compile on spyre: {op} has no lowering for the card and runs as the eager op "
+                  f"instead ({reason.rstrip('.')}). Counted in torch_spyre.fallback_stats().compile_fallbacks.",
+                  UserWarning, stacklevel=2)
+
+
+def reset_compile_fallback_warnings() -> None:
+    """Warn again for every op that falls back."""
+    with _fallback_lock:
+        _compile_fallback_warned.clear()
+
+
 def host_fallback_stats() -> dict[str, int]:
     """Op name -> number of host executions inside compiled spyre graphs."""
     with _fallback_lock:

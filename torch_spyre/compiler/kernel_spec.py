@@ -36,6 +36,10 @@ class LoweringError(SpyreError, NotImplementedError):
     """An Inductor node the Spyre compiler cannot lower (the message says what and what to do)."""
 
 
+class UnsupportedOpError(LoweringError):
+    """An op, store mode or reduction the card has no lowering for (compiler/fallback.py runs it eagerly)."""
+
+
 class DynamicShapeError(LoweringError):
     """A symbolic value the Spyre compiler cannot keep symbolic until run time (the message says which)."""
 

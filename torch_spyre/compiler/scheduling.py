@@ -5,7 +5,8 @@ fusion with rules it can lower (same iteration space; pointwise into a reduction
 epilogues over a reduction's outer space) and turns each fused node into one kernel: a
 :class:`~torch_spyre.compiler.kernel_ir.KernelSpec` defined in the wrapper and launched per call
 (``wrapper.py``). Reductions stay one kernel (no split reductions); templates, benchmarking and
-autotuning are not supported.
+autotuning are not supported. A fused node whose kernel cannot be lowered marks the ops it came from as
+fallback kernels and fails the attempt; the graph is compiled again (``fallback.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from .._torch import inductor as torch_inductor
 
 
 def _make_scheduling():
-    from . import kernel_ir
+    from . import fallback, kernel_ir
 
     class SpyreScheduling(torch_inductor.SchedulingBase):
         """Fusion rules the Spyre generators can lower, and one kernel per fused node."""
@@ -68,7 +69,11 @@ def _make_scheduling():
             wrapper = graph.wrapper_code
             name = wrapper.next_spyre_kernel_name(nodes)
             local = self._kernel_local_buffers(nodes)
-            spec = kernel_ir.kernel_spec(name, nodes, real_name=self._real_name, internal=local)
+            try:
+                spec = kernel_ir.kernel_spec(name, nodes, real_name=self._real_name, internal=local)
+            except kernel_ir.LoweringError as e:
+                fallback.mark_unlowered(e)  # the compile is retried with those ops as fallback kernels
+                raise
             graph.removed_buffers |= local
             wrapper.define_spyre_kernel(spec)
             wrapper.call_spyre_kernel(spec)

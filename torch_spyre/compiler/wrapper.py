@@ -37,7 +37,9 @@ from .kernel_runtime import (  # noqa: F401 - what generated code and callers us
     SpyreKernel,
     empty_spyre,
     host_fallback_stats,
+    note_compile_fallback,
     note_host_fallback,
+    reset_compile_fallback_warnings,
     reset_host_fallback_stats,
     reset_shape_cache_stats,
     shape_cache_size,
@@ -69,7 +71,7 @@ def _make_wrapper_class():
             super().write_header()
             self.imports.splice(
                 """
-                from torch_spyre.compiler.wrapper import SpyreKernel, empty_spyre, note_host_fallback
+                from torch_spyre.compiler.wrapper import SpyreKernel, empty_spyre, note_compile_fallback, note_host_fallback
                 """,
                 strip=True,
             )
@@ -185,7 +187,13 @@ def _make_wrapper_class():
         def _note_fallback(self, node: Any) -> None:
             name = (getattr(node, "python_kernel_name", None) or
                     (node.get_kernel_name() if hasattr(node, "get_kernel_name") else type(node).__name__))
-            if _is_spyre_node(node):
+            if not _is_spyre_node(node):
+                return
+            fallback = torch_inductor.fallback_reason_of(node)
+            if fallback is not None:  # an op the compiler could not lower: the eager op (fallback.py)
+                op, reason = fallback
+                self.writeline(f"note_compile_fallback({op!r}, {reason!r})")
+            else:
                 self.writeline(f"note_host_fallback({str(name)!r})")
 
         def generate_fallback_kernel(self, node) -> None:

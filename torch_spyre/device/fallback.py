@@ -26,6 +26,11 @@ one when torch_spyre registers, ``compiler/eager.py``, which declines every op w
 ``TORCH_SPYRE_EAGER=host``, docs/compiler.md "Eager mode"): an op it can lower runs as a cached single-op
 program, timed by the card, and is counted in ``fallback_stats().compiled``; the rest run as above,
 warn once per op and are counted in ``fallback_stats().host`` (and as the dict's items).
+
+An op that a compiled graph runs this way because the compiler could not lower it (its kernel runs the
+eager op, ``compiler/fallback.py``) is announced by :func:`expect_compile_fallback`: it is counted in
+``fallback_stats().compile_fallbacks`` and the work it queues is tagged ``compile_fallback`` for the
+profiler.
 """
 
 from __future__ import annotations
@@ -46,7 +51,9 @@ from .program_runner import program_runner
 
 _counts: Counter[str] = Counter()  # ops computed on the host
 _compiled: Counter[str] = Counter()  # ops that ran as single-op programs (the program runner)
+_compile_fallbacks: Counter[str] = Counter()  # ops compiled graphs ran eagerly (no lowering for the card)
 _counts_lock = threading.Lock()
+_expected = threading.local()  # the compile fallback this thread is about to run
 
 
 def _sorted(counter: Counter[str]) -> dict[str, int]:
@@ -55,29 +62,43 @@ def _sorted(counter: Counter[str]) -> dict[str, int]:
 
 class FallbackStats(dict):
     """Op name -> number of calls that ran on the host (also ``.host``); ``.compiled``: op name ->
-    calls that ran as single-op programs. ``reset()`` clears the counters."""
+    calls that ran as single-op programs; ``.compile_fallbacks``: op name -> calls a compiled graph made
+    to the eager op because the compiler could not lower it (each also counted in ``.host`` or
+    ``.compiled``, by where it ran). ``reset()`` clears the counters."""
 
-    def __init__(self, host: dict[str, int], compiled: dict[str, int]):
+    def __init__(self, host: dict[str, int], compiled: dict[str, int], compile_fallbacks: dict[str, int]):
         super().__init__(host)
         self.host = dict(host)
         self.compiled = dict(compiled)
+        self.compile_fallbacks = dict(compile_fallbacks)
 
     def reset(self) -> None:
         reset_fallback_stats()
         self.clear()
         self.host.clear()
         self.compiled.clear()
+        self.compile_fallbacks.clear()
 
 
 def fallback_stats() -> FallbackStats:
     with _counts_lock:
-        return FallbackStats(_sorted(_counts), _sorted(_compiled))
+        return FallbackStats(_sorted(_counts), _sorted(_compiled), _sorted(_compile_fallbacks))
 
 
 def reset_fallback_stats() -> None:
     with _counts_lock:
         _counts.clear()
         _compiled.clear()
+        _compile_fallbacks.clear()
+
+
+def expect_compile_fallback(name: str) -> None:
+    """A compiled graph is about to call op ``name`` eagerly (no lowering for the card): count it, and
+    tag the work of the next op this thread runs on the device (``compile_fallback=name``)."""
+    with _counts_lock:
+        _compile_fallbacks[name] += 1
+        call = sum(_compile_fallbacks.values())
+    _expected.tag = {"compile_fallback": name, "compile_fallback_call": call}
 
 
 def _check_devices(info: OpInfo, args: tuple, kwargs: dict) -> int:
@@ -197,6 +218,15 @@ def _check_same_dtype(info: OpInfo, args: tuple, kwargs: dict) -> None:
 
 
 def run(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
+    tag = getattr(_expected, "tag", None)
+    if tag is not None and tag["compile_fallback"].rsplit(".", 1)[0] == str(op.overloadpacket):
+        _expected.tag = None
+        with rt.tagged(**tag):
+            return _run(op, *args, **kwargs)
+    return _run(op, *args, **kwargs)
+
+
+def _run(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
     info = op_info(op)
     card = _check_devices(info, args, kwargs)
     _check_same_dtype(info, args, kwargs)

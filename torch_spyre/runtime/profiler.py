@@ -265,6 +265,14 @@ class profile:
             groups[k].add(rec)
         return KeyAverages(groups.values())
 
+    def compile_fallbacks(self) -> dict[str, int]:
+        """Op name -> calls compiled graphs made to the eager op because the compiler could not lower it
+        (their work is tagged ``compile_fallback``; it is also in :meth:`key_averages` under the names it
+        ran as)."""
+        calls = {(rec.details["compile_fallback"], rec.details.get("compile_fallback_call"))
+                 for rec in self.events() if "compile_fallback" in rec.details}
+        return dict(sorted(Counter(name for name, _ in calls).items()))
+
     def export_chrome_trace(self, path: str) -> None:
         """Write a Chrome / Perfetto trace: one process per card; tracks per stream, PCIe direction,
         and core engine."""

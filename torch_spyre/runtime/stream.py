@@ -16,11 +16,13 @@ it. Host wall time never advances the device clock.
 Resources are granted in the order work is issued (a simplification: work queued behind an event on
 one stream can hold back ready work on another stream that was issued later).
 
-Listeners (the profiler) are told about every piece of work as a :class:`WorkRecord`.
+Listeners (the profiler) are told about every piece of work as a :class:`WorkRecord`; work queued
+inside :func:`tagged` carries its tags in ``details`` (e.g. the op a compiled graph ran as a fallback).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import weakref
@@ -91,6 +93,20 @@ def clock(card: int) -> DeviceClock:
         return _clocks[card]
 
 
+_tags = threading.local()
+
+
+@contextlib.contextmanager
+def tagged(**tags: Any):
+    """Work this thread queues inside the block carries ``tags`` in its records' ``details``."""
+    previous = getattr(_tags, "value", {})
+    _tags.value = {**previous, **tags}
+    try:
+        yield
+    finally:
+        _tags.value = previous
+
+
 def add_listener(fn: Callable[[WorkRecord], None]) -> None:
     _listeners.append(fn)
 
@@ -138,7 +154,9 @@ class Stream:
             end = start + duration
             self.ready_at = end
             c.busy_until[resource] = end
-        rec = WorkRecord(name, kind, resource, self.card, self.stream_id, start, end, details or {})
+        tags = getattr(_tags, "value", None)
+        details = {**tags, **(details or {})} if tags else (details or {})
+        rec = WorkRecord(name, kind, resource, self.card, self.stream_id, start, end, details)
         for fn in list(_listeners):
             fn(rec)
         return rec

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from ...kernel_ir import KernelSpec, LoweringError
-from .values import BOOL_ONLY_OPS, DIRECT_OPS, Value, literal
+from .values import BOOL_ONLY_OPS, DIRECT_OPS, Value, bool_only_refusal, literal
 
 
 class Dag:
@@ -103,10 +103,9 @@ class Dag:
         if op in DIRECT_OPS:
             return self._new(DIRECT_OPS[op], args, dtype, ni)
         if op in BOOL_ONLY_OPS:
-            kinds = {self.values[a].dtype for a in args}
-            if kinds - {"bool"}:
-                raise LoweringError(f"{op} on {sorted(k for k in kinds if k)} has no Spyre lowering: the vector unit "
-                                    "has logical, not bitwise, operations (bool operands only)")
+            refusal = bool_only_refusal(op, {self.values[a].dtype for a in args})
+            if refusal:
+                raise LoweringError(refusal)
             return self._new(BOOL_ONLY_OPS[op], args, "bool", ni)
         c = lambda v: self._new("const", [v], "float32", ni)  # noqa: E731
         if op == "expm1":

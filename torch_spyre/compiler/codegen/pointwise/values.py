@@ -34,13 +34,27 @@ DIRECT_OPS = {
     "floor": "floor", "ceil": "ceil", "round": "round", "sign": "sign", "logical_not": "logical_not",
     "square": "square", "maximum": "maximum", "minimum": "minimum", "pow": "pow", "lt": "lt", "le": "le",
     "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne", "logical_and": "logical_and", "logical_or": "logical_or",
-    "remainder": "remainder", "mod": "remainder", "floordiv": "floordiv", "where": "where", "fma": "fma",
+    "remainder": "remainder", "mod": "fmod",  # ops.mod is C's % (sign of the dividend)
+    "floordiv": "floordiv", "where": "where", "fma": "fma",
     "libdevice_exp": "exp", "libdevice_sqrt": "sqrt", "libdevice_abs": "abs", "libdevice_log": "log",
     "floor_to_int": "floor", "ceil_to_int": "ceil", "round_to_int": "round",
+    "acos": "acos", "asin": "asin", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "tan": "tan", "asinh": "asinh",
+    "acosh": "acosh", "atanh": "atanh", "erfc": "erfc", "atan2": "atan2", "fmod": "fmod", "copysign": "copysign",
+    "hypot": "hypot", "signbit": "signbit", "div_rn": "div",  # div_rn: IEEE division, which the card's div is
+    "logical_xor": "ne",  # Inductor converts logical_xor's operands to bool first
 }
 # Bit operations the card has only as logical operations: right for bool operands only.
 BOOL_ONLY_OPS = {"bitwise_and": "logical_and", "bitwise_or": "logical_or", "bitwise_not": "logical_not",
                  "and_": "logical_and", "or_": "logical_or", "xor": "ne", "bitwise_xor": "ne"}
+def bool_only_refusal(op: str, operand_dtypes: set) -> str | None:
+    """Why a bit operation cannot run on these operands (the card has logical operations only), or None."""
+    kinds = {d for d in operand_dtypes if d}
+    if op in BOOL_ONLY_OPS and kinds - {"bool"}:
+        return (f"{op} on {sorted(kinds)} has no Spyre lowering: the vector unit has logical, not bitwise, "
+                "operations (bool operands only)")
+    return None
+
+
 REDUCE_IDENTITY = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}
 MAX_BOXES_PER_TILE = 4096
 
