@@ -130,15 +130,20 @@ def _run(args: argparse.Namespace) -> int:
     from .jobs.embed import JobError, run
 
     options = _run_options(args, args.parser)
-    # Kernel names are long: when the output is not a terminal (a pipe, a file, a test), do not fold
-    # them into a narrow column.
-    console = Console() if sys.stdout.isatty() else Console(width=_PIPE_WIDTH)
     try:
-        run(options, console, Console(stderr=True))
+        run(options, _report_console(), Console(stderr=True))
     except JobError as e:
         print(f"spyre run: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _report_console():
+    """Standard output for reports. Kernel names are long: when it is not a terminal (a pipe, a file, a
+    test), do not fold them into a narrow column."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=_PIPE_WIDTH)
 
 
 def _add_run_parser(sub: argparse._SubParsersAction) -> None:
@@ -175,10 +180,9 @@ def _estimate(args: argparse.Namespace) -> int:
             result = run(options)
             print(to_json(result))
             return 0
-        console = Console() if sys.stdout.isatty() else Console(width=_PIPE_WIDTH)
         with Console(stderr=True).status("estimating") as status:
             result = run(options, status)
-        print_report(result, console)
+        print_report(result, _report_console())
     except EstimateInputError as e:
         print(f"spyre estimate: {e}", file=sys.stderr)
         return 2

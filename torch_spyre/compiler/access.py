@@ -248,20 +248,21 @@ class TensorView:
             raise CodegenError(f"{role} %{self.name}: the view reaches host elements [{lo}, {hi}] outside its "
                                f"buffer of {lay.numel} elements")
 
-    def row_start_lanes(self, lead: np.ndarray, col0: int = 0) -> np.ndarray:
-        """The lane of column ``col0`` of each row ``lead`` ([n, ndim-1] coordinates) in its stick."""
+    def _row_starts(self, lead: np.ndarray, col0: int) -> np.ndarray:
+        """Host indices of column ``col0`` of each row ``lead`` ([n, ndim-1] coordinates)."""
         lead = np.asarray(lead, dtype=np.int64)
         lead = lead.reshape(len(lead), len(self.shape) - 1)
-        first = self.host_index(np.concatenate([lead, np.full((len(lead), 1), col0)], axis=1))
-        return self.layout.device_offsets(first) % self.layout.lanes
+        return self.host_index(np.concatenate([lead, np.full((len(lead), 1), col0)], axis=1))
+
+    def row_start_lanes(self, lead: np.ndarray, col0: int = 0) -> np.ndarray:
+        """The lane of column ``col0`` of each row ``lead`` ([n, ndim-1] coordinates) in its stick."""
+        return self.layout.device_offsets(self._row_starts(lead, col0)) % self.layout.lanes
 
     def row_sticks(self, lead: np.ndarray, col0: int, ncols: int) -> tuple[np.ndarray, int]:
         """Device stick numbers covering columns [col0, col0+ncols) of each row ``lead`` ([n, ndim-1]
         coordinates), as [n, k], and the lane of column col0 in its stick (the same for every row)."""
         lay, lanes = self.layout, self.layout.lanes
-        lead = np.asarray(lead, dtype=np.int64)
-        lead = lead.reshape(len(lead), len(self.shape) - 1)
-        first = self.host_index(np.concatenate([lead, np.full((len(lead), 1), col0)], axis=1))
+        first = self._row_starts(lead, col0)
         lane0 = lay.device_offsets(first) % lanes
         if np.any(lane0 != lane0[0]):
             raise CodegenError(f"%{self.name}: rows start at different lanes of their sticks; a relayout is needed")
@@ -270,7 +271,7 @@ class TensorView:
         # Column of each covered stick's first used lane; its device stick number.
         cols = np.maximum(0, np.arange(k) * lanes - lane0) + col0
         host = first[:, None] + (cols - col0)[None, :] * self.strides[-1]
-        return lay.device_offsets(host.reshape(-1)).reshape(len(lead), k) // lanes, lane0
+        return lay.device_offsets(host.reshape(-1)).reshape(len(first), k) // lanes, lane0
 
 
 def walks_dims(host: Sequence[tuple[Any, Any]], shape: Sequence[Any], strides: Sequence[Any],
