@@ -94,6 +94,7 @@ def private_uses(path: Path) -> list[str]:
     do not count; annotations do)."""
     tree = ast.parse(path.read_text(), str(path))
     where = path.relative_to(PACKAGE.parent) if PACKAGE.parent in path.parents else path.name
+    annotation_strings = _annotation_strings(tree)
     out = []
     for node in ast.walk(tree):
         found = None
@@ -109,7 +110,7 @@ def private_uses(path: Path) -> list[str]:
             name = _dotted(node)
             if name and _is_private_module(name) and not _is_private_module(name.rsplit(".", 1)[0]):
                 found = name  # the outermost private step only (torch._C, not torch._C.DispatchKey too)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node in _annotation_strings(tree):
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node in annotation_strings:
             found = next((w for w in node.value.replace("[", " ").replace("]", " ").split()
                           if _is_private_module(w.strip(",|"))), None)
         if found:
@@ -117,25 +118,21 @@ def private_uses(path: Path) -> list[str]:
     return out
 
 
-_ANNOTATIONS: dict[int, set[int]] = {}
-
-
 def _annotation_strings(tree: ast.AST) -> set:
-    key = id(tree)
-    if key not in _ANNOTATIONS:
-        nodes = set()
-        for node in ast.walk(tree):
-            anns = []
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                anns = [a.annotation for a in [*node.args.args, *node.args.kwonlyargs, *node.args.posonlyargs,
-                                               node.args.vararg, node.args.kwarg] if a is not None] + [node.returns]
-            elif isinstance(node, ast.AnnAssign):
-                anns = [node.annotation]
-            for a in anns:
-                if a is not None:
-                    nodes |= {n for n in ast.walk(a) if isinstance(n, ast.Constant)}
-        _ANNOTATIONS[key] = nodes
-    return _ANNOTATIONS[key]
+    """The string constants inside the tree's annotations. Computed per tree, never cached by id(tree): a
+    collected tree's id is reused by the next one, which then saw the old tree's nodes (a flaky failure)."""
+    nodes = set()
+    for node in ast.walk(tree):
+        anns = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            anns = [a.annotation for a in [*node.args.args, *node.args.kwonlyargs, *node.args.posonlyargs,
+                                           node.args.vararg, node.args.kwarg] if a is not None] + [node.returns]
+        elif isinstance(node, ast.AnnAssign):
+            anns = [node.annotation]
+        for a in anns:
+            if a is not None:
+                nodes |= {n for n in ast.walk(a) if isinstance(n, ast.Constant)}
+    return nodes
 
 
 def test_no_private_torch_api_outside_the_seam():
