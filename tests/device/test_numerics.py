@@ -190,3 +190,17 @@ def test_fp32_to_16_bit_on_the_card_rounds_once(dtype):
     held = on_card.float().cpu()  # DLFloat16 -> fp32 is exact
     torch.testing.assert_close(held, torch.from_numpy(dlfloat16.round_float32(x.numpy())), rtol=0, atol=0)
     assert held[0].item() == -1.125
+
+
+def test_host_fallback_honours_an_op_told_its_dtype():
+    """An op with an explicit dtype computes in it on the host: its out= must have that dtype
+    (masked.cumprod on fp16 reached ``cumprod.out(dtype=float16)`` with an fp32 out and raised)."""
+    x = torch.rand(4, 8, dtype=torch.float16, generator=torch.Generator().manual_seed(0)) + 0.5
+    mask = torch.rand(4, 8, generator=torch.Generator().manual_seed(1)) > 0.3
+    got = torch.masked.cumprod(x.to("spyre"), 1, mask=mask.to("spyre"))
+    assert got.dtype == torch.float16
+    card_x = torch.from_numpy(dlfloat16.round_float32(x.float().numpy())).half()
+    torch.testing.assert_close(got.cpu(), torch.masked.cumprod(card_x, 1, mask=mask), atol=3e-2, rtol=2e-2)
+    out = torch.empty(4, 8, dtype=torch.float16).to("spyre")
+    torch.cumprod(x.to("spyre"), 0, dtype=torch.float16, out=out)
+    torch.testing.assert_close(out.cpu(), torch.cumprod(card_x, 0), atol=3e-2, rtol=2e-2)
