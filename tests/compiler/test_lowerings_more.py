@@ -69,6 +69,18 @@ def test_gather_from_views(dtype):
     check(lambda x, i: torch.take_along_dim(x, i, 1), x, ints(100, 1, 3))  # index broadcast over rows
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_index_select_along_the_stick_dim_picks_elements(dtype):
+    """index_select / x[idx] / take along the last (sticked) dim: single elements inside sticks, which a row
+    gather cannot move; they become the gather generator's element path (an expanded index)."""
+    x = rnd(6, 100, dtype=dtype)
+    check(lambda x, i: torch.index_select(x, 1, i) + 1, x, ints(100, 7))
+    check(lambda x, i: torch.index_select(x, -1, i), x, ints(100, 3).to(torch.int32))
+    check(lambda x, i: x.flatten()[i] * 2, x, ints(600, 9))  # a 1-d source
+    check(lambda x, i: x[:, :, i], rnd(2, 3, 40, dtype=dtype), torch.tensor([39, 0, 5, 5]))
+    check(lambda x, i: torch.take(x, i), x, ints(600, 2, 5))
+
+
 def test_gather_of_integers_is_exact():
     check(lambda x, i: torch.gather(x, 1, i), torch.randint(-1000, 1000, (3, 200)), ints(200, 3, 17))
     check(lambda x, i: torch.gather(x > 0, 1, i), rnd(6, 100), ints(100, 6, 4))
@@ -306,3 +318,16 @@ if __name__ == "__main__":
         total = sum(us for _, us in kernels)
         print(f"{name}: {total:.1f} µs in {len(kernels)} kernel(s): "
               + ", ".join(f"{k} {us:.1f}" for k, us in kernels))
+
+
+# ---------------------------------------------------------------------------------------------
+# uint8 data
+# ---------------------------------------------------------------------------------------------
+def test_byte_results_and_inputs():
+    """A uint8 result or input of a pointwise kernel (``.byte()``): its scratchpad buffer is sized as data,
+    not as a mask pattern (it raised KeyError 'pattern')."""
+    x = torch.from_numpy(dlfloat16.round_float32((rnd(4, 70) * 40).numpy())).half()  # the card's values
+    check(lambda x: x.abs().byte(), x)
+    check(lambda x: x.abs().byte() + 1, x)
+    check(lambda b: b.float() * 0.5 + b, torch.randint(0, 256, (3, 200), dtype=torch.uint8,
+                                                        generator=torch.Generator().manual_seed(0)))

@@ -176,3 +176,31 @@ def test_host_fallback_keeps_the_cpu_dtype_rules():
     assert (a > 0).dtype == torch.bool and a.argmax().dtype == torch.int64
     v, i = a.max(-1)
     assert v.dtype == torch.float16 and i.dtype == torch.int64
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fp32_to_16_bit_on_the_card_rounds_once(dtype):
+    """``x.half()`` of a spyre fp32 tensor converts on the card: fp32 straight to DLFloat16 (one rounding,
+    ties away from zero). Through IEEE fp16 first, a value rounded onto a DLFloat16 tie would round again
+    (-1.12583983 -> fp16 -1.1259765625, a DLFloat16 tie -> -1.126953125; the card gives -1.125), and
+    1e6 (beyond fp16, inside DLFloat16's range) would become inf."""
+    x = torch.tensor([-1.1258398294448853, 2.0 + 3 * 2**-11, 1e6, -3.0e-5] * 16)
+    on_card = x.to("spyre").to(dtype)
+    assert on_card.dtype == dtype
+    held = on_card.float().cpu()  # DLFloat16 -> fp32 is exact
+    torch.testing.assert_close(held, torch.from_numpy(dlfloat16.round_float32(x.numpy())), rtol=0, atol=0)
+    assert held[0].item() == -1.125
+
+
+def test_host_fallback_honours_an_op_told_its_dtype():
+    """An op with an explicit dtype computes in it on the host: its out= must have that dtype
+    (masked.cumprod on fp16 reached ``cumprod.out(dtype=float16)`` with an fp32 out and raised)."""
+    x = torch.rand(4, 8, dtype=torch.float16, generator=torch.Generator().manual_seed(0)) + 0.5
+    mask = torch.rand(4, 8, generator=torch.Generator().manual_seed(1)) > 0.3
+    got = torch.masked.cumprod(x.to("spyre"), 1, mask=mask.to("spyre"))
+    assert got.dtype == torch.float16
+    card_x = torch.from_numpy(dlfloat16.round_float32(x.float().numpy())).half()
+    torch.testing.assert_close(got.cpu(), torch.masked.cumprod(card_x, 1, mask=mask), atol=3e-2, rtol=2e-2)
+    out = torch.empty(4, 8, dtype=torch.float16).to("spyre")
+    torch.cumprod(x.to("spyre"), 0, dtype=torch.float16, out=out)
+    torch.testing.assert_close(out.cpu(), torch.cumprod(card_x, 0), atol=3e-2, rtol=2e-2)

@@ -226,7 +226,7 @@ def signature(op: OpOverload, args: tuple, kwargs: dict, card: int) -> tuple:
     storages: dict[int, int] = {}
     return (op, tuple(_value_signature(a, storages) for a in args),
             tuple(sorted((k, _value_signature(v, storages)) for k, v in kwargs.items())),
-            card, id(cards.card(card).config))
+            card, id(cards.card(card).config), torch.get_float32_matmul_precision())
 
 
 # ---------------------------------------------------------------------------------------------

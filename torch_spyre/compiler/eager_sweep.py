@@ -269,8 +269,8 @@ def render_opinfo(results: dict[str, dict[str, object]]) -> str:
         why = why.replace("|", "/") if op in host else "-"
         lines.append(f"| `{op}` | {'yes' if op in program else 'no'} | {why} |")
     lines += ["", "Results outside DLFloat16 tolerances (atol 3e-2, rtol 2e-2) against the CPU (`empty*`, "
-              "uninitialized, are not compared; fp32 matmuls have their operands rounded to DLFloat16 for the "
-              "PE arrays): "
+              "uninitialized, are not compared; fp32 matmuls run at torch's default precision, \"highest\": "
+              "fp32-accurate): "
               f"{', '.join(f'`{n}`' for n in mismatched) or 'none'}.", "",
               "Samples that raised on spyre (dtypes the card cannot hold, sparse layouts, CPU index arguments: "
               f"they raise in host mode too): {', '.join(f'`{n}`' for n in errors) or 'none'}.", ""]

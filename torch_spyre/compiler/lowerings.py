@@ -1,7 +1,8 @@
 """Lowerings that keep whole ops on the card instead of Inductor's extern ATen calls or indirect indexing.
 
-- the matmul family (``mm``, ``bmm``, ``addmm``, ``baddbmm``) -> generator "matmul" (fp32 operands rounded
-  to 16 bits for the PE arrays; views that merge dims of their buffer are copied first);
+- the matmul family (``mm``, ``bmm``, ``addmm``, ``baddbmm``) -> generator "matmul" (fp32 operands as 16-bit
+  parts for the PE arrays at ``torch.get_float32_matmul_precision()``, ``fp32_matmul.py``; views that
+  merge dims of their buffer are copied first);
 - ``embedding``, ``index_select``, one-tensor ``index``, ``gather`` -> generator "gather";
 - ``cumsum`` -> a log-step scan of pointwise kernels;
 - ``spyre::flash_attention`` (traced SDPA on spyre, ``device/sdpa.py``) -> generator "attention".
@@ -73,31 +74,43 @@ def _extern(generator: str, label: str, roles: list[str], inputs, size, dtype, p
 
 
 def _lower_matmul(kind: str):
+    from . import fp32_matmul
+
     def lower(*args, **kwargs):
         n_in = MATMUL_KINDS[kind]
         out_dtype = args[n_in - 1].get_dtype()
-        inputs = [_matmul_operand(torch_inductor.realize_input(_pe_dtype(a, i < n_in - 2)))
-                  for i, a in enumerate(args[:n_in])]
         beta = kwargs.get("beta", args[n_in] if len(args) > n_in else 1)
         alpha = kwargs.get("alpha", args[n_in + 1] if len(args) > n_in + 1 else 1)
-        a, b = inputs[-2], inputs[-1]
         roles = (["bias"] if n_in == 3 else []) + ["a", "b"]
-        size = [*a.get_size()[:-1], b.get_size()[-1]]
-        params = {"kind": kind, "alpha": float(alpha), "beta": float(beta)}
-        if out_dtype == torch.float32:
-            params["note"] = "fp32 operands rounded to DLFloat16 for the PE arrays (fp32 accumulation and output)"
-        return _extern("matmul", kind, roles, inputs, size, out_dtype, params)
+        if out_dtype != torch.float32:
+            inputs = [_matmul_operand(torch_inductor.realize_input(a)) for a in args[:n_in]]
+            return _matmul_extern(kind, roles, inputs, alpha, beta, out_dtype, {})
+        # fp32: the PE arrays multiply 16-bit parts of the operands (fp32_matmul.py): one pass, or six
+        # for fp32-accurate results; the first pass carries the bias, every pass alpha.
+        passes = fp32_matmul.passes()
+        count = 1 + max(max(p) for p in passes)
+        a_parts, b_parts = (fp32_matmul.dlfloat16_parts(x, count) for x in args[n_in - 2:n_in])
+        bias = [_matmul_operand(torch_inductor.realize_input(args[0]))] if n_in == 3 else []
+        note = {"note": f"fp32 operands as {count} DLFloat16 part(s) for the PE arrays, {len(passes)} pass(es) "
+                        f"(float32_matmul_precision={fp32_matmul.precision()!r}); fp32 accumulation and output"}
+        terms = []
+        for n, (i, j) in enumerate(passes):
+            a, b = _matmul_operand(a_parts[i]), _matmul_operand(b_parts[j])
+            if n == 0:
+                terms.append(_matmul_extern(kind, roles, [*bias, a, b], alpha, beta, out_dtype, note))
+            else:
+                plain = {"addmm": "mm", "baddbmm": "bmm"}.get(kind, kind)
+                terms.append(_matmul_extern(plain, ["a", "b"], [a, b], alpha, 1, out_dtype, note))
+        return fp32_matmul.sum_smallest_first(terms)
 
     return lower
 
 
-def _pe_dtype(x, is_bias: bool):
-    """The PE arrays multiply 16-bit floats: fp32 matmul operands are rounded to fp16 (DLFloat16 on the
-    card) by a cast kernel; the product still accumulates and is written in fp32. A bias keeps its dtype."""
-
-    if is_bias or x.get_dtype() != torch.float32:
-        return x
-    return torch_inductor.to_dtype(x, torch.float16)
+def _matmul_extern(kind: str, roles: list[str], inputs: list, alpha, beta, out_dtype, params: dict):
+    a, b = inputs[-2], inputs[-1]
+    size = [*a.get_size()[:-1], b.get_size()[-1]]
+    params = {"kind": kind, "alpha": float(alpha), "beta": float(beta)} | params
+    return _extern("matmul", kind, roles, inputs, size, out_dtype, params)
 
 
 def _lower_embedding(weight, indices, *args, **kwargs):
@@ -108,6 +121,9 @@ def _lower_embedding(weight, indices, *args, **kwargs):
 
 
 def _lower_index_select(x, dim, index):
+    rank = len(x.get_size())
+    if rank >= 1 and dim % rank == rank - 1:
+        return _element_index_select(x, index)
     src, idx = torch_inductor.realize_input(x), _gather_operand(index)
     dim = dim % max(len(src.get_size()), 1)
     size = list(src.get_size())
@@ -116,10 +132,22 @@ def _lower_index_select(x, dim, index):
                    {"kind": "index_select", "dim": int(dim)})
 
 
+def _element_index_select(x, index):
+    """``index_select`` along the last dim, which the stick layout sticks: each index picks one element
+    inside a 128-byte stick, which a row gather (whole sticks by DMA) cannot do. It is ``torch.gather``
+    along that dim with the index expanded over the other dims: the gather generator's element path."""
+    aten = torch.ops.aten
+    rank, n = len(x.get_size()), index.get_numel()
+    shaped = torch_inductor.lowering_for(aten.view.default)(index, [1] * (rank - 1) + [n])
+    expanded = torch_inductor.lowering_for(aten.expand.default)(shaped, [*x.get_size()[:-1], n])
+    return _lower_gather(torch_inductor.lowering_for(aten.gather.default))(x, rank - 1, expanded)
+
+
 def _lower_index(original):
     """``x[idx]`` (``aten.index.Tensor`` with one index tensor): an index_select along its dim for a
-    1-d index, an embedding row gather for a 2-d source indexed on dim 0; other forms keep Inductor's
-    lowering (indirect indexing, which the pointwise generator refuses with a clear error)."""
+    1-d index, an embedding row gather for a 2-d source indexed on dim 0, an index_select of the
+    flattened index (viewed back) for other integer indices (``torch.take``); other forms keep
+    Inductor's lowering (indirect indexing, which the pointwise generator refuses with a clear error)."""
 
     def lower(x, indices):
         live = [(d, t) for d, t in enumerate(indices) if t is not None]
@@ -129,9 +157,18 @@ def _lower_index(original):
                 return _lower_index_select(x, d, idx)
             if d == 0 and len(x.get_size()) == 2:
                 return _lower_embedding(x, idx)
+            if len(idx.get_size()) > 1 and not _is_bool(idx):  # an index_select of the flattened index
+                view = torch_inductor.lowering_for(torch.ops.aten.view.default)
+                picked = _lower_index_select(x, d, view(idx, [idx.get_numel()]))
+                size = list(x.get_size())
+                return view(picked, [*size[:d], *idx.get_size(), *size[d + 1:]])
         return original(x, indices)
 
     return lower
+
+
+def _is_bool(x) -> bool:
+    return x.get_dtype() == torch.bool
 
 
 def _lower_gather(original):
@@ -181,7 +218,9 @@ def _gather_operand(x, starts_rows: bool = False):
     try:
         size, stride = x.get_size(), x.get_stride()
         if torch_inductor.is_reinterpret_view(x) and not _walks_buffer_dims(x):
-            return contiguous(x)
+            # a real copy: a view that merges dims (x.flatten()) is already contiguous, so
+            # require_contiguous alone would keep the view
+            return contiguous(torch_inductor.copy_input(x))
         if int(size[-1]) > 1 and int(stride[-1]) != 1:
             return contiguous(x)
         if starts_rows and torch_inductor.is_reinterpret_view(x):

@@ -71,8 +71,11 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
         read_moved, written = tensor.transfer_size(src), tensor.transfer_size(dst)
         tensor.mark_no_data(dst)
     else:
-        values, read_moved = tensor.read(src)
-        written = tensor.write(dst, values)
+        # A conversion on the card goes through fp32, never IEEE fp16: DLFloat16 reads as fp32 exactly (values
+        # beyond fp16's range or below its normals stay), and fp32 becomes DLFloat16 in one rounding.
+        wide = src.dtype in (torch.float16, torch.bfloat16)
+        values, read_moved = tensor.read(src, as_dtype=torch.float32 if wide else None)
+        written = tensor.write(dst, values, computed_in_fp32=values.dtype == torch.float32)
     s_card, d_card = _card(src), _card(dst)
     if s_card == d_card:
         rt.current_stream(s_card).enqueue(

@@ -264,8 +264,11 @@ def _wide_results(op, info: OpInfo, args: tuple, kwargs: dict) -> Any:
     stored back. The meta run gives the result dtypes. Only ops whose floating spyre arguments are all
     DLFloat16 of one dtype compute wide: with mixed dtypes the CPU's own checks must see them (meta
     kernels accept ``mm(fp16, fp32)``, which the CPU refuses). Random ops keep their dtype, so they
-    draw the same numbers as on the CPU."""
+    draw the same numbers as on the CPU; so do ops told their dtype (``cumprod(x, 0, dtype=float16,
+    out=...)`` checks its out against that dtype)."""
     if info.generator is not None:
+        return None
+    if "dtype" in info.arg_names and bound_args(info, args, kwargs)[info.arg_names.index("dtype")] is not None:
         return None
     floats = [t for v in (*args, *kwargs.values()) for t in tensors_in(v) if is_spyre(t) and t.is_floating_point()]
     if not floats or len({t.dtype for t in floats}) != 1 or not all(_holds_dlfloat16(t) for t in floats):

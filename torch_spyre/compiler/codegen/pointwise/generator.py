@@ -308,7 +308,9 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
         for ins in cores.values():
             for si in ins:
                 for sym in si.syms():
-                    end = sym.end() if sym.dtype != "uint8" else sym.rel + si.args["pattern"].nbytes
+                    # a mask pattern (uint8) is as long as the pattern; uint8 data (a byte tensor) as its sticks
+                    pattern = si.args.get("pattern") if sym.dtype == "uint8" else None
+                    end = sym.rel + pattern.nbytes if pattern is not None else sym.end()
                     size[sym.buf] = max(size.get(sym.buf, 0), end)
                     lo, hi = live.get(sym.buf, [si.tile_step, si.tile_step])
                     live[sym.buf] = [min(lo, si.tile_step), max(hi, si.tile_step)]

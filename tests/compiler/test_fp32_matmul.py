@@ -1,0 +1,104 @@
+"""fp32 matmuls honour ``torch.get_float32_matmul_precision()`` (compiler/fp32_matmul.py): "highest" (the
+default) is fp32-accurate through six 16-bit passes; "high"/"medium" take one pass on operands rounded
+to DLFloat16. The passes are programs on the card, so the simulated time says what accuracy costs."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import torch_spyre.profiler
+from torch_spyre.card import dlfloat16
+from torch_spyre.compiler import eager
+
+from .spyre_compile_helpers import fresh
+
+
+@pytest.fixture(autouse=True)
+def _restore_precision():
+    before = torch.get_float32_matmul_precision()
+    yield
+    torch.set_float32_matmul_precision(before)
+
+
+def _inputs(*shapes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g) for s in shapes]
+
+
+CASES = {
+    "mm": (lambda a, b: a @ b, [(48, 96), (96, 40)]),
+    "bmm": (lambda a, b: torch.bmm(a, b), [(3, 16, 72), (3, 72, 24)]),
+    "addmm": (lambda c, a, b: torch.addmm(c, a, b, beta=2.0, alpha=0.5), [(40,), (48, 96), (96, 40)]),
+    "baddbmm": (lambda c, a, b: torch.baddbmm(c, a, b, beta=0.5, alpha=2.0), [(3, 16, 24), (3, 16, 72), (3, 72, 24)]),
+    "linear": (lambda x, w, b: torch.nn.functional.linear(x, w, b), [(2, 8, 64), (32, 64), (32,)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_highest_is_fp32_accurate_compiled(name):
+    fn, shapes = CASES[name]
+    args = _inputs(*shapes)
+    fresh()
+    out = torch.compile(fn)(*[a.to("spyre") for a in args]).cpu()
+    torch.testing.assert_close(out, fn(*args))  # fp32 tolerances (rtol 1.3e-6, atol 1e-5)
+
+
+def test_precision_high_rounds_operands_once_and_is_only_16_bit_accurate():
+    fn, shapes = CASES["mm"]
+    args = _inputs(*shapes)
+    exact = fn(*[a.double() for a in args])
+    torch.set_float32_matmul_precision("high")
+    fresh()
+    out = torch.compile(fn)(*[a.to("spyre") for a in args]).cpu()
+    error = (out.double() - exact).abs().max().item()
+    assert 1e-3 < error < 0.1  # 16-bit products: far from fp32, within DLFloat16 tolerance
+    rounded = [torch.from_numpy(dlfloat16.round_float32(a.numpy())) for a in args]  # as the PE arrays read them
+    torch.testing.assert_close(out, fn(*rounded))
+
+
+def _matmul_kernels(fn, args):
+    fresh()
+    compiled = torch.compile(fn)
+    compiled(*args)
+    with torch_spyre.profiler.profile() as prof:
+        compiled(*args)
+    return [r for r in prof.events() if r.kind == "kernel" and re.fullmatch(r"spyre_(b?mm|addmm|baddbmm)_\d+", r.name)]
+
+
+def test_highest_costs_six_matmul_passes_in_simulated_time():
+    fn, shapes = CASES["mm"]
+    args = [a.to("spyre") for a in _inputs(*shapes)]
+    torch.set_float32_matmul_precision("high")
+    one = _matmul_kernels(fn, args)
+    torch.set_float32_matmul_precision("highest")
+    six = _matmul_kernels(fn, args)
+    assert len(one) == 1 and len(six) == 6
+    assert sum(r.duration for r in six) > 3 * sum(r.duration for r in one)
+
+
+def test_fp16_matmul_ignores_the_fp32_setting():
+    fn, shapes = CASES["mm"]
+    args = [a.half().to("spyre") for a in _inputs(*shapes)]
+    outs = []
+    for precision in ("highest", "medium"):
+        torch.set_float32_matmul_precision(precision)
+        outs.append(_matmul_kernels(fn, args))
+        assert len(outs[-1]) == 1
+
+
+def test_eager_op_follows_the_precision_set_between_calls(monkeypatch):
+    """The eager program cache keys on the precision: the same op compiles again when it changes."""
+    monkeypatch.setenv("TORCH_SPYRE_EAGER", "compile")
+    a, b = _inputs((32, 64), (64, 16))
+    exact = a.double() @ b.double()
+    da, db = a.to("spyre"), b.to("spyre")
+    eager.reset_cache()
+    torch.set_float32_matmul_precision("medium")
+    coarse = (da @ db).cpu()
+    torch.set_float32_matmul_precision("highest")
+    fine = (da @ db).cpu()
+    assert (fine.double() - exact).abs().max() < 1e-4 < (coarse.double() - exact).abs().max()
+    torch.testing.assert_close(fine, a @ b)
