@@ -127,7 +127,17 @@ def build_matmul(spec: MatmulSpec, config: CardConfig, verify_top: int = 0) -> t
         decisions.notes.append(f"the estimate's cheapest split, {c.split} ({c.split.cores} cores), spreads the "
                                f"work thinner than the minimum per core: {why}")
     program.metadata["decisions"] = decisions.to_dict()
+    program.metadata["op"] = op_work(spec)
     return program, decisions
+
+
+def op_work(spec: MatmulSpec) -> dict[str, float]:
+    """The op this kernel implements, for the op roofline (card/timing/roofline.py): 2*B*M*N*K flops
+    without stick padding, each operand's sticks read once and the output's written once."""
+    b, m, n, k = spec.dims
+    reads = [v for v in (spec.a, spec.b, spec.bias, spec.residual) if v is not None]
+    return {"flops": 2.0 * b * m * n * k, "vector_cycles": 0.0, "read_bytes": sum(v.device_bytes() for v in reads),
+            "write_bytes": spec.out.device_bytes()}
 
 
 def _simulated_s(program: Program, config: CardConfig) -> float:
