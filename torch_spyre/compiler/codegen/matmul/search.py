@@ -37,8 +37,11 @@ def _candidate_tiles(p: _Problem, s: Split, cfg: CardConfig, sharing: bool = Tru
     # A shared over the ring along each row of the split (share.py): only without a K-split, with whole
     # K tiles (each tile one contiguous range to forward) and A not transposed in scratchpad.
     can_share = sharing and s.k == 1 and s.n > 1 and not p.a_transposed
+    kts = _tile_options(ku, 6)
+    if can_share:  # sharing needs K tiles dividing K: the largest such tiles below the equal pieces above
+        kts += [d for d in sorted(_divisors(ku), reverse=True) if d < kts[-1] and d >= 4][:3]
     for nt in _tile_options(nu, 6):
-        for kt in _tile_options(ku, 6):
+        for kt in kts:
             for mt in mts:
                 for bt in bts:
                     if bt > 1 and mt < nm:
