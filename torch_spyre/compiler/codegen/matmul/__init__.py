@@ -31,7 +31,8 @@ How a program is shaped (docs/compiler.md, "The matmul family"):
 
 The package, along those seams: ``spec.py`` (the spec, its binding to device memory and its checks),
 ``plan.py`` (what a split and tiles mean: work per core, scratchpad buffers), ``cost.py`` (the
-analytic estimate of a plan), ``search.py`` (the split/tile search), ``emit.py`` (the per-core
+analytic estimate of a plan), ``search.py`` (the split/tile search), ``share.py`` (A loaded once per row of the
+split and forwarded over the ring), ``emit.py`` (the per-core
 instructions of a plan) and this module (the entry points and the decisions record).
 """
 
