@@ -4,8 +4,9 @@
     /work/venv/bin/python benchmarks/attention.py --check    # also run each program on the card vs torch
 
 Time is the card's (card/timing/, deterministic): the kernel's fixed cost plus its instructions. The
-roofline is max(compute at peak on the cores used, DRAM bytes at bandwidth) plus the fixed cost, so
-the fraction says how close the program is to what those bytes and flops allow.
+roofline is the op roofline (card/timing/roofline.py): max(the op's flops at the whole chip's peak, each
+input read and each output written once at DRAM bandwidth) plus the fixed cost, so the fraction says how
+close the program is to what the chip allows for the op.
 """
 
 from __future__ import annotations

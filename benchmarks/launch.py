@@ -139,7 +139,7 @@ def table_matmul(card: Card, repeat: int) -> None:
              rec.bottleneck]]
     print_table(f"2. 1024^3 matmul over 32 cores: host wall time of a launch (median of {repeat})",
                 ["program", "cores", "prepare", "launch (median)", "launch (min)", "device time",
-                 "host/device", "roofline", "bottleneck"], rows)
+                 "host/device", "op roofline", "bottleneck"], rows)
 
 
 def table_minilm(card: Card, repeat: int) -> None:
@@ -154,7 +154,7 @@ def table_minilm(card: Card, repeat: int) -> None:
                      f"{host / rec.duration:,.0f}x", f"{100 * rec.roofline_fraction:.1f}%", rec.bottleneck])
     rows.append(["layer total", "", "", fmt_s(host_total), fmt_s(dev_total), f"{host_total / dev_total:,.0f}x", "", ""])
     print_table(f"3. MiniLM layer (batch 1, seq 128): host wall time of each launch (median of {repeat})",
-                ["program", "cores", "instrs", "host launch", "device time", "host/device", "roofline",
+                ["program", "cores", "instrs", "host launch", "device time", "host/device", "op roofline",
                  "bottleneck"], rows)
 
 

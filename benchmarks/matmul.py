@@ -1,11 +1,12 @@
 """The matmul-family generator on the simulated card: chosen work division and tiles, simulated time,
-fraction of the PE roofline, against the naive division (output rows only, no N split, no K-split).
+fraction of the op roofline, against the naive division (output rows only, no N split, no K-split).
 
     python benchmarks/matmul.py            # the table
     python benchmarks/matmul.py --check    # also run every chosen program on the card against torch
 
-PE roofline = kernel fixed cost + flops at the card's fp16 peak (the corelets in use); "card roofline"
-is the timing model's own bound (compute or DRAM, whichever is larger, plus the fixed cost).
+op roof = the op roofline (card/timing/roofline.py: max(flops at the whole chip's peak, each operand's
+bytes once at DRAM bandwidth) + fixed cost) / simulated time; "prog bound" is the program's own bound (its
+DRAM bytes, the cores it used), shown for comparison only.
 """
 
 from __future__ import annotations
@@ -85,7 +86,6 @@ def row(label: str, spec: MatmulSpec, cfg: CardConfig) -> dict:
     t = time_program(prog, cfg)
     naive = plan_for_split(spec, naive_split(spec, cfg), cfg)
     t_naive = time_program(generate_plan(spec, naive.split, naive.tiles, cfg), cfg)
-    pe_roof = cfg.kernel_fixed_cost_s + flops(spec) / cfg.peak_fp16_flops
     verified = time_program(build_matmul(spec, cfg, verify_top=4)[0], cfg)
     s = dec.work_division["split"]
     return {
@@ -94,8 +94,8 @@ def row(label: str, spec: MatmulSpec, cfg: CardConfig) -> dict:
         "split": f"b{s['batch']} m{s['M']} n{s['N_sticks']} k{s['K_split']}",
         "tiles": f"{dec.tiling['rows']}r {dec.tiling['N_tile_sticks']}n {dec.tiling['K_tile_sticks']}k"
                  + (" Ares" if dec.tiling["a_resident"] else ""),
-        "us": t.total_s * 1e6, "est": dec.overlap["estimate"]["total_us"], "pe": pe_roof / t.total_s,
-        "card": t.roofline_fraction, "bound": t.bottleneck, "naive": str(naive.split),
+        "us": t.total_s * 1e6, "est": dec.overlap["estimate"]["total_us"], "op": t.roofline_fraction,
+        "prog": t.program_bound_fraction, "bound": t.bottleneck, "naive": str(naive.split),
         "naive_us": t_naive.total_s * 1e6, "build_s": build_s, "verified_us": verified.total_s * 1e6,
     }
 
@@ -131,7 +131,7 @@ def main() -> None:
           f"fp16 peak {cfg.peak_fp16_flops / 1e12:.1f} TFLOP/s, DRAM read {cfg.dram_read_bandwidth / 1e9:.0f} GB/s, "
           f"kernel fixed cost {cfg.kernel_fixed_cost_s * 1e6:.0f} us\n")
     head = (f"{'case':<30} {'B x M x K x N':<16} {'split':<15} {'tiles':<17} {'est us':>7} {'sim us':>8} "
-            f"{'PE roof':>7} {'card roof':>9}  {'bound':<24} {'naive split':<15} {'naive us':>8} {'speedup':>7} "
+            f"{'op roof':>7} {'prog bound':>10}  {'bound':<24} {'naive split':<15} {'naive us':>8} {'speedup':>7} "
             f"{'verified':>8} {'build s':>7}")
     if args.check:
         head += f" {'rel err':>8}"
@@ -140,17 +140,16 @@ def main() -> None:
     for label, spec in CASES:
         r = row(label, spec, cfg)
         line = (f"{r['case']:<30} {r['shape']:<16} {r['split']:<15} {r['tiles']:<17} {r['est']:7.1f} {r['us']:8.1f} "
-                f"{r['pe']:7.0%} {r['card']:9.0%}  {r['bound']:<24} {r['naive']:<15} {r['naive_us']:8.1f} "
+                f"{r['op']:7.0%} {r['prog']:10.0%}  {r['bound']:<24} {r['naive']:<15} {r['naive_us']:8.1f} "
                 f"{r['naive_us'] / r['us']:6.2f}x {r['verified_us']:8.1f} {r['build_s']:7.2f}")
         if args.check:
             line += f" {check(card, spec, r['prog']):8.1e}"
         print(line, flush=True)
     hand = time_program(build_matmul_1024().program, cfg)
     print(f"\nfor reference, the hand-written 1024^3 example (benchmarks/programs.py, 4x8 grid, whole K per core): "
-          f"{hand.total_s * 1e6:.1f} us, {(cfg.kernel_fixed_cost_s + 2 * 1024 ** 3 / cfg.peak_fp16_flops) / hand.total_s:.0%} "
-          "of the PE roofline")
+          f"{hand.total_s * 1e6:.1f} us, {hand.roofline_fraction:.0%} of the op roofline")
     print("tiles: rows per A tile, N and K tile in sticks of 64, Ares = A resident in scratchpad; "
-          "PE roof = (fixed cost + flops at peak) / simulated time;\nverified = build_matmul(verify_top=4): the "
+          "op roof = op roofline / simulated time;\nverified = build_matmul(verify_top=4): the "
           "model's 4 cheapest plans timed on the card model, the fastest kept; build s = analytic build time")
 
 

@@ -34,7 +34,7 @@ def test_run_compiled_prints_similarities_report_and_writes_the_profile(tmp_path
     assert out.returncode == 0, out.stderr
     assert "Cosine similarities" in out.stdout and "(compiled, fp16, batch 2, seq 16)" in out.stdout
     assert "Per-kernel latency, simulated device time" in out.stdout
-    for column in ("simulated µs", "share", "of roofline", "bottleneck"):
+    for column in ("simulated µs", "share", "of op roofline", "bottleneck"):
         assert column in out.stdout
     assert "spyre_addmm" in out.stdout  # the linear layers ran as compiled matmul programs
     assert "simulated device time of the forward" in out.stdout and "host wall time" in out.stdout

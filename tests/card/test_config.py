@@ -16,8 +16,10 @@ def test_defaults_follow_the_published_figures():
     assert c.kernel_fixed_cost_s == pytest.approx(20e-6)
     # 32 cores x 2 corelets x 512 MAC x 2 flop x 1.1 GHz = 72.1 TFLOPS for the whole chip.
     assert c.chip_peak_fp16_flops == pytest.approx(72.1e12, rel=1e-3)
-    # One corelet per core (what IBM's stack drives today) gives half of it.
-    assert c.peak_fp16_flops == pytest.approx(c.chip_peak_fp16_flops / 2)
+    # Both corelets are driven by default: the peak in use is the chip's.
+    assert c.corelets_in_use == 2 and c.peak_fp16_flops == pytest.approx(c.chip_peak_fp16_flops)
+    one = load_config(environ={"TORCH_SPYRE_CORELETS_IN_USE": "1"})  # one corelet stays selectable: half of it
+    assert one.peak_fp16_flops == pytest.approx(c.chip_peak_fp16_flops / 2)
     assert c.dram_read_bandwidth == pytest.approx(0.86 * 204.8e9)
 
 
@@ -32,14 +34,14 @@ def test_every_figure_has_provenance():
 def test_environment_overrides():
     c = load_config(environ={"TORCH_SPYRE_CLOCK_HZ": "1.0e9", "TORCH_SPYRE_NUM_CARDS": "2"})
     assert c.clock_hz == 1.0e9 and c.num_cards == 2
-    assert c.peak_fp16_flops == pytest.approx(32 * 512 * 2 * 1.0e9)
+    assert c.peak_fp16_flops == pytest.approx(32 * 2 * 512 * 2 * 1.0e9)
 
 
 def test_config_file_overrides_and_env_wins(tmp_path):
     f = tmp_path / "card.yaml"
-    f.write_text("clock_hz: 1.0e9\ncorelets_in_use: 2\n")
+    f.write_text("clock_hz: 1.0e9\ncorelets_in_use: 1\n")
     c = load_config(environ={"TORCH_SPYRE_CONFIG": str(f), "TORCH_SPYRE_CLOCK_HZ": "9e8"})
-    assert c.corelets_in_use == 2
+    assert c.corelets_in_use == 1
     assert c.clock_hz == 9e8
     j = tmp_path / "card.json"
     j.write_text(json.dumps({"num_cores": 16}))
@@ -100,3 +102,11 @@ def test_a_misspelt_variable_is_reported_not_silently_ignored():
 def test_settings_read_elsewhere_are_not_reported(recwarn):
     load_config(environ={"TORCH_SPYRE_DEBUG": "1", "TORCH_SPYRE_DLFLOAT16": "0"})
     assert not [w for w in recwarn if "not a torch_spyre setting" in str(w.message)]
+
+
+def test_a_copy_with_other_corelets_recomputes_its_peaks():
+    c = load_config(environ={})
+    assert c.peak_fp16_flops == pytest.approx(c.chip_peak_fp16_flops)  # computed, hence cached
+    one = c.model_copy(update={"corelets_in_use": 1})
+    assert one.peak_fp16_flops == pytest.approx(c.chip_peak_fp16_flops / 2)
+    assert one.fp16_macs_per_cycle_per_core == c.fp16_macs_per_cycle_per_core // 2

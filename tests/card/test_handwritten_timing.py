@@ -157,7 +157,7 @@ def test_matmul_ksplit_against_the_hand_model():
     load_b = dma_phase(b_bytes * cores, DRAM_READ, run_factor(b_bytes), memory_stop_links(everyone, b_bytes), b_bytes)
     # PE: weight-stationary tiles of 8 (K) x 64 (N): 64 x 1 tiles, each streaming M = 64 rows + fill/drain.
     tiles = (kh // CFG.pe_rows) * (tile // (CFG.pe_cols * CFG.pe_simd_fp16))
-    matmul = (tiles * (tile + FILL_DRAIN) + CFG.pe_rows) / CLOCK
+    matmul = (-(-tiles // CFG.corelets_in_use) * (tile + FILL_DRAIN) + CFG.pe_rows) / CLOCK  # corelets share tiles
     # The odd core sends its fp32 partial (16 KiB) one hop to its even partner over the reduction ring;
     # every pair uses its own link.
     partial = tile * tile * 4

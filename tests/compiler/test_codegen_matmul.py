@@ -223,14 +223,17 @@ def test_tiles_shrink_to_fit_a_small_scratchpad(card):
 
 
 def _alternatives(spec: MatmulSpec, n: int = 6) -> list[tuple[str, float]]:
-    """Simulated time of the cost model's n best plans and of the naive split (IBM's default division)."""
+    """Simulated time of the generator's choice, the cost model's n best plans and the naive split (IBM's
+    default division)."""
     ranked = rank_plans(spec, CFG)
+    chosen, _ = build_matmul(spec, CFG)
     plans = [(c.split, c.tiles) for c in ranked[:n]]
     naive = plan_for_split(spec, naive_split(spec, CFG), CFG)
     plans.append((naive.split, naive.tiles))
     best_no_ksplit = next(c for c in ranked if c.split.k == 1)
     plans.append((best_no_ksplit.split, best_no_ksplit.tiles))
-    return [(str(s), time_program(generate_plan(spec, s, t, CFG), CFG).total_s) for s, t in plans]
+    return [("chosen", time_program(chosen, CFG).total_s)] + [
+        (str(s), time_program(generate_plan(spec, s, t, CFG), CFG).total_s) for s, t in plans]
 
 
 @pytest.mark.parametrize("M,K,N", [(128, 384, 384), (128, 384, 1536), (128, 1536, 384), (1024, 1024, 1024)])
@@ -242,10 +245,11 @@ def test_chosen_split_is_within_10_percent_of_the_best_alternative(M, K, N):
     assert chosen < naive, times
 
 
-def test_1024_cubed_reaches_the_pe_roofline_fraction():
+def test_1024_cubed_reaches_the_pe_roofline_fraction_on_one_corelet():
+    one = CFG.model_copy(update={"corelets_in_use": 1})
     spec = mm_spec(buf("a", (1024, 1024)), buf("b", (1024, 1024)), buf("c", (1024, 1024)))
-    t = time_program(build_matmul(spec, CFG)[0], CFG)
-    pe_roofline = CFG.kernel_fixed_cost_s + 2 * 1024 ** 3 / CFG.peak_fp16_flops
+    t = time_program(build_matmul(spec, one)[0], one)
+    pe_roofline = one.kernel_fixed_cost_s + 2 * 1024 ** 3 / one.peak_fp16_flops
     assert pe_roofline / t.total_s >= 0.65, t.summary()
 
 
@@ -254,7 +258,8 @@ def test_verify_top_keeps_the_fastest_simulated_plan():
     analytic, _ = build_matmul(spec, CFG)
     verified, dec = build_matmul(spec, CFG, verify_top=3)
     timed = [a["simulated_us"] for a in dec.alternatives if "simulated_us" in a]
-    assert len(timed) == 3 and dec.alternatives[0]["simulated_us"] == min(timed)
+    # the 3 cheapest, and the other operand scheme's cheapest when it is not among them
+    assert len(timed) in (3, 4) and dec.alternatives[0]["simulated_us"] == min(timed)
     assert time_program(verified, CFG).total_s <= time_program(analytic, CFG).total_s
 
 

@@ -84,7 +84,7 @@ def test_cli_info_prints_every_figure_with_provenance_and_peaks():
     assert {"num_cores", "clock_hz", "dram_peak_bandwidth", "pcie_effective_bandwidth", "kernel_fixed_cost_s"} <= names
     assert all(f["confidence"] and f["source"] for f in info["figures"])
     peaks = {d["name"]: d["value"] for d in info["derived"]}
-    assert peaks["peak_fp16_flops"] == 32 * 1 * 512 * 2 * 1.1e9
+    assert peaks["peak_fp16_flops"] == 32 * 2 * 512 * 2 * 1.1e9
     r = run_cli("info")
     assert r.returncode == 0 and "Derived peaks" in r.stdout and "peak_fp16_flops" in r.stdout
 

@@ -95,7 +95,7 @@ def test_key_averages_table(cards):
     assert avg["copy in"].bytes == 4096 and avg["copy in"].roofline_fraction is None
     table = prof.key_averages().table(sort_by="device_time_total", row_limit=10)
     lines = table.splitlines()
-    assert "Name" in lines[1] and "# Calls" in lines[1] and "Roofline %" in lines[1]
+    assert "Name" in lines[1] and "# Calls" in lines[1] and "Op roofline %" in lines[1]
     assert lines[3].startswith("copy in")  # largest total first
     assert any(line.startswith("alpha") and " 3 " in line for line in lines)
     top1 = prof.key_averages().table(sort_by="count", row_limit=1)

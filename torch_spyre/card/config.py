@@ -63,8 +63,10 @@ class CardConfig(BaseModel):
     num_cores: int = _figure(32, "32 AI cores on one chip", "official", "cores", ge=1, le=256)
     corelets_per_core: int = _figure(2, "2 corelets per core", "official", "corelets", ge=1, le=8)
     corelets_in_use: int = _figure(
-        1, "IBM's software reportedly drives one corelet per core today; set 2 for the chip's full peak",
-        "community", "corelets", ge=1, le=8,
+        2, "both corelets of every core, sharing its scratchpad (a published LLM-sized fp16 GEMM on a real card "
+        "exceeds the one-corelet peak of 36 TFLOPS, see docs/calibration.md; IBM's torch-spyre drives two with "
+        "SENCORELETS=2); set 1 to model a stack that drives one corelet per core",
+        "official", "corelets", ge=1, le=8,
     )
     pe_rows: int = _figure(8, "each corelet has a 2-D 8x8 PE array", "official", "PEs", ge=1)
     pe_cols: int = _figure(8, "each corelet has a 2-D 8x8 PE array", "official", "PEs", ge=1)
@@ -187,6 +189,15 @@ class CardConfig(BaseModel):
         if self.stick_bytes != 128:
             raise ValueError("stick_bytes is fixed at 128 by the hardware (sticks of 64 fp16 values)")
         return self
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "CardConfig":
+        """A copy with ``update`` applied. Derived figures (cached properties) are dropped, not copied: a
+        copy with another ``corelets_in_use`` must not keep the original's peak."""
+        copied = super().model_copy(update=update, deep=deep)
+        for name, attr in type(self).__dict__.items():
+            if isinstance(attr, cached_property):
+                copied.__dict__.pop(name, None)
+        return copied
 
     # --- derived peaks --------------------------------------------------------------------------
     @cached_property

@@ -220,6 +220,24 @@ class TensorView:
         lay = self.layout
         return Operand(self.name, lay.nbytes, access, lay.device_dtype, lay.host_shape, lay.stick_dim)
 
+    def device_bytes(self) -> int:
+        """Device bytes of the sticks this view touches (each stick counted once): the compulsory traffic of
+        reading or writing it. A dim of stride 0 repeats sticks; the dim walking the stick dim packs
+        ``lanes`` elements a stick; every other dim reaches sticks of its own."""
+        if 0 in self.shape:
+            return 0
+        along = self.layout.host_strides[self.layout.stick_dim] if self.layout.host_shape else None
+        sticks, packed = 1, False
+        for size, stride in zip(self.shape, self.strides):
+            if size == 1 or stride == 0:
+                continue
+            if stride == along and not packed:
+                sticks *= -(-size // self.lanes)
+                packed = True
+            else:
+                sticks *= size
+        return min(sticks * STICK_BYTES, self.layout.nbytes)
+
     def describe(self) -> str:
         return (f"{self.layout.describe()} view shape={list(self.shape)} strides={list(self.strides)} "
                 f"offset={self.storage_offset}")

@@ -434,7 +434,7 @@ def latency_table(result: EmbedResult, row_limit: int | None = None) -> Any:
     table = Table(title=f"Per-kernel latency, simulated device time ({_mode_label(result.options)})",
                   caption=None if len(shown) == len(rows) else f"{len(rows) - len(shown)} smaller rows not shown")
     for col, justify in (("kernel", "left"), ("kind", "left"), ("count", "right"), ("simulated µs", "right"),
-                         ("share", "right"), ("of roofline", "right"), ("bottleneck", "left")):
+                         ("share", "right"), ("of op roofline", "right"), ("bottleneck", "left")):
         table.add_column(col, justify=justify, overflow="fold")
     for r in shown:
         roof = "-" if r.roofline_fraction is None else f"{100 * r.roofline_fraction:.1f} %"

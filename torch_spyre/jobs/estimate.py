@@ -18,7 +18,7 @@ gives up is fusion across module boundaries (a layer's last residual add with th
 Also reported: the prefill at ``batch x prompt`` tokens (the LM head on the last position only, as
 generation does), one decode step at the prompt's KV length (HF's ``DynamicCache``, whose update
 concatenates the new token's keys and values), tokens per second ``batch x 1000 / decode ms``, the
-per-kernel table of both with each kernel's fraction of the chip's roofline, the weights' device bytes
+per-kernel table of both with each kernel's fraction of its op roofline (docs/calibration.md), the weights' device bytes
 (measured on the card, stick padding included, tied embeddings once), the KV cache's device bytes per
 token (the default stick layout of a ``[batch, kv_heads, tokens, head_dim]`` fp16 cache), and the largest
 batch whose KV cache at the prompt's length fits the card's memory next to the weights.
@@ -414,7 +414,7 @@ def print_report(result: EstimateResult, console: Any) -> None:
         table = Table(title=f"{phase}: {r.launches[phase]} launches, by kernel")
         for col, justify in (("kernel", "left"), ("calls", "right"), ("MFLOP", "right"), ("DRAM MB", "right"),
                              ("us each", "right"), ("ms total", "right"), ("share", "right"),
-                             ("roofline", "right"), ("bottleneck", "left")):
+                             ("of op roofline", "right"), ("bottleneck", "left")):
             table.add_column(col, justify=justify, overflow="fold")
         for k in lines:
             roof = f"{k.roofline_fraction:.1%}" if k.roofline_fraction is not None else "-"

@@ -191,6 +191,7 @@ def _kernel_details(program: Program, timing: Any) -> dict[str, Any]:
         "dram_bytes": float(timing.bytes["dram_read"] + timing.bytes["dram_write"]),
         "roofline_bound": float(timing.roofline_s),
         "roofline_fraction": float(timing.roofline_fraction),
+        "program_bound": float(timing.program_bound_s),
         "bottleneck": timing.bottleneck,
         "cores": len(program.cores),
     }
@@ -241,12 +242,12 @@ class LaunchRecord:
 
     @property
     def roofline_bound(self) -> float:
-        """The least time the roofline allows for this work, fixed cost included (seconds)."""
+        """The op roofline: the least time the chip allows for this op, fixed cost included (seconds)."""
         return self.timing.roofline_s
 
     @property
     def roofline_fraction(self) -> float:
-        """roofline_bound / actual time: 1.0 means the program runs at the roofline."""
+        """roofline_bound / actual time: 1.0 means the program runs at the op roofline."""
         return self.timing.roofline_fraction
 
     @property

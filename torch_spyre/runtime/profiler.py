@@ -82,7 +82,7 @@ class EventAverage:
     device_time_total: float = 0.0  # simulated seconds
     bytes: float = 0.0
     flops: float = 0.0
-    roofline_bound_total: float = 0.0  # seconds the roofline allows, over records that report one
+    roofline_bound_total: float = 0.0  # seconds the op roofline allows, over records that report one
     roofline_time_total: float = 0.0  # actual seconds of those records
     bottlenecks: Counter = field(default_factory=Counter)
 
@@ -153,7 +153,7 @@ class KeyAverages(list):
 
 
 _COLUMNS = ("Name", "Kind", "# Calls", "Device total", "Device avg", "Device %", "Bytes", "FLOPs",
-            "Roofline %", "Bottleneck")
+            "Op roofline %", "Bottleneck")
 
 
 def _format_table(rows: list[EventAverage], total: float) -> str:

@@ -43,16 +43,23 @@ fair sharing (progressive filling) of the resources on their path:
 A kernel costs ``kernel_fixed_cost_s`` on top of its instructions; it is modelled as a prologue, so the
 first instruction starts at ``fixed_cost_s``.
 
+*Yardstick.* ``ProgramTiming.roofline_s`` is the *op roofline* (``roofline``): the op's flops at the whole
+chip's peak or its compulsory bytes at DRAM bandwidth, plus the fixed cost; every "of roofline" figure
+(profiler, ``spyre run``, ``spyre estimate``, benchmarks) is measured against it. The program's own bound
+(its bytes, its cores) is ``program_bound_s``.
+
 Modules: ``coster`` (one instruction's cost), ``graph`` (dependencies and hazards), ``sharing`` (the
 fluid max-min sharing), ``simulation`` (the event loop), ``accounting`` and ``report`` (the figures and
-:class:`ProgramTiming`), ``memo`` (finished timings, reused for a program seen before up to operand
-names: a compiled model repeats its kernels once per layer), ``timer`` (:func:`time_program`).
+:class:`ProgramTiming`), ``roofline`` (the op roofline), ``memo`` (finished timings, reused for a program
+seen before up to operand names: a compiled model repeats its kernels once per layer), ``timer``
+(:func:`time_program`).
 """
 
 from .coster import network_path
 from .report import ENGINES, Interval, ProgramTiming
+from .roofline import OpWork, op_roofline_s
 from .timer import time_program
 
 _ring_path = network_path  # the name tests/card/test_handwritten_timing.py imports
 
-__all__ = ["ENGINES", "Interval", "ProgramTiming", "network_path", "time_program"]
+__all__ = ["ENGINES", "Interval", "OpWork", "ProgramTiming", "op_roofline_s", "network_path", "time_program"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import CardConfig
+from .roofline import OpWork, op_compute_s, op_memory_s, op_roofline_s
 
 ENGINES = ("dma", "pe", "vector", "ring")
 
@@ -31,12 +32,16 @@ class ProgramTiming:
     bytes: dict[str, int]  # dram_read, dram_write, ring, reduce_ring, sp_read, sp_write
     flops: int  # 2*M*N*K per matmul plus one per vector element
     pe_flops: int
-    compute_bound_s: float  # the work at peak rate on the cores the program uses
-    dram_bound_s: float  # DRAM bytes at the read/write bandwidths
+    compute_bound_s: float  # the program's work at peak rate on the cores (and corelets) the program uses
+    dram_bound_s: float  # the program's DRAM bytes at the read/write bandwidths
     dram_busy_s: float  # seconds of fully used DRAM time, turnaround and strided-burst penalties included
     ring_link_busiest_s: float  # seconds of fully used time of the busiest ring link
     bottleneck: str
     config: CardConfig = field(repr=False)
+    # The op the program implements (roofline.op_work); set by time_program for each program, since two
+    # programs with the same instructions may implement ops of other sizes (a view of a larger buffer).
+    op: OpWork | None = None
+    vector_corelet_cycles: float = 0.0  # the program's vector work in cycles of one corelet
 
     @property
     def execution_s(self) -> float:
@@ -44,14 +49,44 @@ class ProgramTiming:
         return self.total_s - self.fixed_cost_s
 
     @property
+    def op_compute_s(self) -> float:
+        """The op's flops at the whole chip's peak (every core, every corelet)."""
+        return op_compute_s(self._op, self.config)
+
+    @property
+    def op_memory_s(self) -> float:
+        """The op's compulsory bytes (inputs read once, outputs written once) at the DRAM bandwidths."""
+        return op_memory_s(self._op, self.config)
+
+    @property
     def roofline_s(self) -> float:
-        """The best the card could do: max(compute at peak, DRAM bytes at bandwidth) plus the fixed cost."""
-        return max(self.compute_bound_s, self.dram_bound_s) + self.fixed_cost_s
+        """The op roofline (card/timing/roofline.py): the least time the chip could take for this op,
+        max(op flops at the chip's peak, compulsory bytes at DRAM bandwidth) plus the fixed cost."""
+        return op_roofline_s(self._op, self.config)
 
     @property
     def roofline_fraction(self) -> float:
-        """Fraction of the roofline achieved (1.0 = as fast as the bound allows)."""
+        """Fraction of the op roofline achieved (1.0 = as fast as the chip allows for this op)."""
         return self.roofline_s / self.total_s if self.total_s > 0 else 1.0
+
+    @property
+    def program_bound_s(self) -> float:
+        """The program's own bound: its work at peak on the cores it uses, or the DRAM bytes it moved,
+        whichever is larger, plus the fixed cost. Not the yardstick: a program moving too many bytes on
+        too few cores looks efficient against it."""
+        return max(self.compute_bound_s, self.dram_bound_s) + self.fixed_cost_s
+
+    @property
+    def program_bound_fraction(self) -> float:
+        return self.program_bound_s / self.total_s if self.total_s > 0 else 1.0
+
+    @property
+    def _op(self) -> OpWork:
+        if self.op is not None:
+            return self.op
+        # A timing built by hand without its program: the program's own flops stand for the op's.
+        return OpWork(float(self.pe_flops), self.vector_corelet_cycles, self.bytes["dram_read"],
+                      self.bytes["dram_write"], "the program's own bytes (no program given)")
 
     @property
     def utilization(self) -> dict[int, dict[str, float]]:
@@ -68,8 +103,12 @@ class ProgramTiming:
         lines = [
             f"program {self.program_name}: {self.total_s * us:.2f} us "
             f"(fixed {self.fixed_cost_s * us:.2f} us + execution {self.execution_s * us:.2f} us), {self.bottleneck}",
-            f"  roofline {self.roofline_s * us:.2f} us (compute {self.compute_bound_s * us:.2f} us, "
-            f"DRAM {self.dram_bound_s * us:.2f} us), achieved {100 * self.roofline_fraction:.1f} % of it; "
+            f"  op roofline {self.roofline_s * us:.2f} us (flops at the chip's peak {self.op_compute_s * us:.2f} us, "
+            f"compulsory bytes {self._op.read_bytes + self._op.write_bytes:,} at DRAM bandwidth "
+            f"{self.op_memory_s * us:.2f} us), achieved {100 * self.roofline_fraction:.1f} % of it",
+            f"  program's own bound {self.program_bound_s * us:.2f} us (its work on the cores it used "
+            f"{self.compute_bound_s * us:.2f} us, its DRAM bytes {self.dram_bound_s * us:.2f} us), "
+            f"{100 * self.program_bound_fraction:.1f} % of it; "
             f"DRAM fully used {self.dram_busy_s * us:.2f} us, busiest ring link {self.ring_link_busiest_s * us:.2f} us",
             f"  bytes: DRAM read {self.bytes['dram_read']:,}, DRAM write {self.bytes['dram_write']:,}, "
             f"ring {self.bytes['ring']:,}, reduce ring {self.bytes['reduce_ring']:,}, "

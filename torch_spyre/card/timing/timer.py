@@ -17,6 +17,7 @@ from .coster import Coster
 from .graph import Graph, rescan_received_bytes
 from .memo import TimingMemo, program_key
 from .report import Interval, ProgramTiming
+from .roofline import op_work
 from .simulation import Simulation
 
 _memo = TimingMemo()
@@ -31,7 +32,9 @@ def time_program(program: Program, config: CardConfig) -> ProgramTiming:
             raise ProgramError(f"core {core} does not exist (the card has {config.num_cores})", core)
     key = program_key(program, config)
     found = _memo.get(key, program, config)
-    return found if found is not None else _memo.put(key, simulate_program(program, config))
+    timing = found if found is not None else _memo.put(key, simulate_program(program, config))
+    timing.op = op_work(program, timing.pe_flops, timing.vector_corelet_cycles)
+    return timing
 
 
 def simulate_program(program: Program, config: CardConfig) -> ProgramTiming:
@@ -50,6 +53,8 @@ def simulate_program(program: Program, config: CardConfig) -> ProgramTiming:
     moved = bytes_moved(graph)
     flops, pe_flops = count_flops(graph)
     compute_s = compute_bound(graph, config, pe_flops)
+    # Vector work as cycles of one corelet (the coster charged it spread over the corelets in use).
+    vector_cycles = sum(n.duration for n in graph.nodes if n.engine == "vector") * config.clock_hz * config.corelets_in_use
     dram_s = dram_bound(moved, config)
     dram_busy = sim.busy.get("dram", 0.0)
     ring_s = max((b for r, b in sim.busy.items() if r != "dram"), default=0.0)
@@ -76,4 +81,6 @@ def simulate_program(program: Program, config: CardConfig) -> ProgramTiming:
         ring_link_busiest_s=ring_s,
         bottleneck=verdict(total, fixed, bounds),
         config=config,
+        vector_corelet_cycles=vector_cycles,
+        op=op_work(program, pe_flops, vector_cycles),
     )

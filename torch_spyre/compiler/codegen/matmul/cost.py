@@ -16,6 +16,7 @@ from ....card import costs
 from ....card.config import CardConfig
 from ....program import TRANSCENDENTAL_OPS
 from .plan import Split, Tiles, _assign, _chunks_el, _core_shape, _CoreWork, _round, _Shape
+from .share import forwarding, rows_sharing_a
 from .spec import UNIT, _Problem
 
 OVERLAP_LOSS = 0.25  # share of the shorter of compute and data movement that double buffering leaves exposed
@@ -97,11 +98,13 @@ def estimate(p: _Problem, s: Split, t: Tiles, cfg: CardConfig, traffic: _SplitTr
     vector = memo.get(("vector", t.a_resident, sh.n_tiles))
     if vector is None:
         vector = memo[("vector", t.a_resident, sh.n_tiles)] = _vector_seconds(p, s, t, sh, w, cfg)
-    memory = memo.get(("memory", t.a_resident, t.network, sh.n_tiles))
+    memory = memo.get(("memory", t.a_resident, t.network, sh.n_tiles, t.share))
     if memory is None:
-        memory = memo[("memory", t.a_resident, t.network, sh.n_tiles)] = _memory_seconds(p, s, t, sh, tr, cfg)
+        memory = memo[("memory", t.a_resident, t.network, sh.n_tiles, t.share)] = _memory_seconds(p, s, t, sh, tr, cfg)
     steady = {"pe": pe, "vector": vector, **memory}
     fill, drain = _fill_seconds(sh, len(tr.work), cfg), _drain_seconds(p, s, t, sh, len(tr.work), cfg)
+    if t.share == "a":
+        fill += _chain_lag(sh, tr, cfg)
     exposed = _exposed_latency(p, t, sh, cfg, steady["pe"])
     tiles = sh.n_tiles * (1 if p.b_shared else sh.groups)
     if not t.acc_double and tiles > 1:
@@ -136,7 +139,7 @@ def lower_bound(p: _Problem, s: Split, cfg: CardConfig, tr: _SplitTraffic, t: Ti
     compute, memory = floor
     if t is not None:
         n_tiles = -(-tr.work[0].ncols[1] // (t.nt * UNIT))
-        key = ("memory", t.a_resident, t.network, n_tiles)
+        key = ("memory", t.a_resident, t.network, n_tiles, t.share)
         parts = tr.memo.get(key)
         if parts is None:
             parts = tr.memo[key] = _memory_seconds(p, s, t, core_shape(p, s, t, tr), tr, cfg)
@@ -148,11 +151,15 @@ def lower_bound(p: _Problem, s: Split, cfg: CardConfig, tr: _SplitTraffic, t: Ti
 def _floors(p: _Problem, s: Split, cfg: CardConfig, tr: _SplitTraffic) -> tuple[float, float]:
     """The split's compute and memory seconds at their floor, for :func:`lower_bound`."""
     w = tr.work[0]
-    reads = [a + o for a, o in zip(tr.a, tr.other_reads)]
-    dma_core = max(max(reads), max(tr.writes)) / (cfg.dma_bytes_per_cycle * cfg.clock_hz)
-    dram = sum(reads) / cfg.dram_read_bandwidth + sum(tr.writes) / cfg.dram_write_bandwidth
-    load = {l: tr.link_a.get(l, 0) + tr.link_other.get(l, 0) for l in set(tr.link_a) | set(tr.link_other)}
-    ring = max(load.values(), default=0) / cfg.ring_link_bandwidth
+    schemes = [(tr.a, tr.link_a, {})] + ([_shared_a(tr, cfg)] if s.k == 1 and s.n > 1 else [])
+    dma_core = dram = ring = float("inf")  # the least of each over the schemes a plan may use
+    for a_bytes, link_a, chain in schemes:
+        reads = [a + o for a, o in zip(a_bytes, tr.other_reads)]
+        dma_core = min(dma_core, max(max(reads), max(tr.writes)) / (cfg.dma_bytes_per_cycle * cfg.clock_hz))
+        dram = min(dram, sum(reads) / cfg.dram_read_bandwidth + sum(tr.writes) / cfg.dram_write_bandwidth)
+        links = set(link_a) | set(tr.link_other) | set(chain)
+        load = {l: link_a.get(l, 0) + chain.get(l, 0) + tr.link_other.get(l, 0) for l in links}
+        ring = min(ring, max(load.values(), default=0) / cfg.ring_link_bandwidth)
     # PE: the sum over tiles of ceil(weight tiles / corelets) * (rows + fill) is at least every row through
     # every weight tile of the core's K x N, shared by the corelets.
     rows = w.rows[1] * (w.batches[1] if p.b_shared else 1)
@@ -189,17 +196,44 @@ def _vector_seconds(p: _Problem, s: Split, t: Tiles, sh: _Shape, w: _CoreWork, c
     return vec / cfg.clock_hz
 
 
+def _shared_a(tr: _SplitTraffic, cfg: CardConfig) -> tuple[list[int], dict[tuple, int], dict[tuple, int]]:
+    """With A shared over the ring (share.py): the A bytes each core loads from DRAM (the row's first core
+    all of them, the others none), the DRAM-to-core links those loads cross, and the ring links the
+    forwarding chains cross (each hop carries the row's A once)."""
+    found = tr.memo.get(("shared_a",))
+    if found is None:
+        index = {w.core: i for i, w in enumerate(tr.work)}
+        a = [0] * len(tr.work)
+        link_a: dict[tuple, int] = {}
+        chain: dict[tuple, int] = {}
+        n, mem = cfg.num_cores, cfg.memory_ring_stop
+        for row in rows_sharing_a(tr.work, cfg):
+            loader, hops = forwarding(row)
+            head = index[loader]
+            a[head] = tr.a[head]
+            for l in costs.ring_path(mem, loader, n):
+                link_a[l] = link_a.get(l, 0) + a[head]
+            for u, v in hops:
+                for l in costs.ring_path(u, v, n):
+                    chain[l] = chain.get(l, 0) + a[head]
+        found = tr.memo[("shared_a",)] = (a, link_a, chain)
+    return found
+
+
 def _memory_seconds(p: _Problem, s: Split, t: Tiles, sh: _Shape, tr: _SplitTraffic, cfg: CardConfig) -> dict[str, float]:
     """The busiest core's DMA channel, the shared LPDDR5 (with read/write turnaround), and the busiest
-    ring link (DRAM traffic to and from the memory stop, plus K-split partial sums)."""
+    ring link (DRAM traffic to and from the memory stop, A forwarded along the rows when shared, plus
+    K-split partial sums)."""
     a_reload = 1 if t.a_resident else sh.n_tiles
-    reads = [a * a_reload + o for a, o in zip(tr.a, tr.other_reads)]
+    a_bytes, link_a, chain = (tr.a, tr.link_a, {}) if t.share != "a" else _shared_a(tr, cfg)
+    reads = [a * a_reload + o for a, o in zip(a_bytes, tr.other_reads)]
     dma_core = max(max(reads), max(tr.writes)) / (cfg.dma_bytes_per_cycle * cfg.clock_hz)
     dram = sum(reads) / cfg.dram_read_bandwidth + sum(tr.writes) / cfg.dram_write_bandwidth
     dram += _turnaround(p, t, sh, tr, reads, cfg)
     link_bw = _chain_link_bandwidth(t, cfg)
     half = sh.group_rows * _round(tr.work[0].ncols[1], UNIT) * 4 * (1 if p.b_shared else sh.groups) / 2
-    load = {l: tr.link_a.get(l, 0) * a_reload + tr.link_other.get(l, 0) for l in set(tr.link_a) | set(tr.link_other)}
+    links = set(link_a) | set(tr.link_other) | set(chain)
+    load = {l: (link_a.get(l, 0) + chain.get(l, 0)) * a_reload + tr.link_other.get(l, 0) for l in links}
     ring = max(load.values(), default=0) / cfg.ring_link_bandwidth
     if s.k > 1:  # chunks alternate direction: half the partial sums cross each link each way
         if t.network == "data":
@@ -213,6 +247,19 @@ def _chain_link_bandwidth(t: Tiles, cfg: CardConfig) -> float:
     if t.network == "reduce":
         return cfg.reduction_ring_bytes_per_cycle * cfg.clock_hz * cfg.ring_efficiency
     return cfg.ring_link_bandwidth
+
+
+def _chain_lag(sh: _Shape, tr: _SplitTraffic, cfg: CardConfig) -> float:
+    """With A forwarded along the rows: the last core of the longest chain gets its first tile that many
+    hops after the loading core (each hop moves the whole tile at one link's bandwidth)."""
+    hops = tr.memo.get(("longest_chain",))
+    if hops is None:
+        longest = 0
+        for row in rows_sharing_a(tr.work, cfg):
+            mid = len(row) // 2
+            longest = max(longest, mid, len(row) - 1 - mid)
+        hops = tr.memo[("longest_chain",)] = longest
+    return hops * sh.tile_rows * sh.kt_el * 2 / cfg.ring_link_bandwidth
 
 
 def _fill_seconds(sh: _Shape, cores: int, cfg: CardConfig) -> float:
@@ -242,7 +289,8 @@ def _turnaround(p: _Problem, t: Tiles, sh: _Shape, tr: _SplitTraffic, reads: lis
     tiles = sh.n_tiles * (1 if p.b_shared else sh.groups)
     if tiles < 2:
         return 0.0
-    first = sum(tr.a) if t.a_resident else 0  # a resident A is loaded with the first tile
+    a_bytes = tr.a if t.share != "a" else _shared_a(tr, cfg)[0]
+    first = sum(a_bytes) if t.a_resident else 0  # a resident A is loaded with the first tile
     r = (sum(reads) - first) * (tiles - 1) / tiles
     w = sum(tr.writes) * (tiles - 1) / tiles
     t_r, t_w = 1 / cfg.dram_read_bandwidth, 1 / cfg.dram_write_bandwidth

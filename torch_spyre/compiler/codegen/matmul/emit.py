@@ -41,6 +41,7 @@ from .plan import (
     _round,
     _row_tiles,
 )
+from .share import share_a
 from .spec import DL, F32, UNIT, MatmulSpec, MatmulSpecError, _Bound, _check, _Problem
 
 
@@ -53,6 +54,7 @@ class _Emitter:
         self.sh = _core_shape(p, s, t, w)
         self.ins: list[Instruction] = []
         self.toggles: dict[str, int] = {}
+        self.a_loads: list[int] = []  # where the A loads are (share.py forwards them over the ring)
 
     def buf(self, name: str) -> int:
         """Alternate between name0 and name1 (double buffering)."""
@@ -117,6 +119,7 @@ class _Emitter:
             resident[key] = dst
         else:
             dst = self.buf("a")
+        self.a_loads.append(len(self.ins))
         if not p.a_transposed:
             self.ins.append(p.a.dma((b0, m0, k0), (nb, nm, kn), dst, row_bytes=kt * 2))  # [rows, K sticks]
             return dst
@@ -299,11 +302,19 @@ def generate_plan(spec: MatmulSpec, split: Split, tiles: Tiles, config: CardConf
     offsets = {b.name: b.offset for b in sp_plan.buffers}
     uses = _count_chain_uses(p, split, tiles, work, offsets, config) if split.k > 1 else {}
     slots = _Slots(offsets, uses, sh.recv_slots, sh.chunk_rows * sh.nt_el * 4, config.num_cores)
-    cores = {}
+    cores, a_loads = {}, {}
     for w in work:
-        cores[w.core] = _Emitter(p, split, tiles, w, offsets, config, slots).run()
+        em = _Emitter(p, split, tiles, w, offsets, config, slots)
+        cores[w.core], a_loads[w.core] = em.run(), em.a_loads
+    meta = {"kind": spec.kind, "split": str(split), "tiles": str(tiles)}
+    if tiles.share == "a":
+        if split.k > 1:
+            raise MatmulSpecError("sharing A over the ring needs a split without a K-split")
+        cores, notes = share_a(cores, a_loads, work, config)
+        if notes:
+            meta["share_notes"] = notes
     _check_spans(p, cores, config)
-    return Program(spec.name, _operands(spec), cores, {"kind": spec.kind, "split": str(split), "tiles": str(tiles)})
+    return Program(spec.name, _operands(spec), cores, meta)
 
 
 def _operands(spec: MatmulSpec) -> list[Operand]:

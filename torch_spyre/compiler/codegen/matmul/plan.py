@@ -53,13 +53,17 @@ class Tiles:
     # Two accumulators let one N tile's epilogue run behind the next tile's matmuls; one accumulator
     # halves that space for wider N tiles (less A traffic) at the cost of a serial epilogue per tile.
     acc_double: bool = True
+    # "a": each A tile is loaded once per row of the split and forwarded over the ring to the row's other
+    # cores (share.py); "": every core loads its own.
+    share: str = ""
 
     def __str__(self) -> str:
         res = ", A resident" if self.a_resident else ""
         rows = f"{self.bt}x{self.mt}" if self.bt > 1 else f"{self.mt}"
         net = f", sums over the {self.network} ring" if self.network else ""
         acc = "" if self.acc_double else ", one accumulator"
-        return f"M {rows} rows, N {self.nt} sticks, K {self.kt} sticks{res}{net}{acc}"
+        share = ", A shared over the ring" if self.share == "a" else ""
+        return f"M {rows} rows, N {self.nt} sticks, K {self.kt} sticks{res}{net}{acc}{share}"
 
 
 def _chunks(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:

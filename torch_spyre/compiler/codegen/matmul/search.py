@@ -25,7 +25,7 @@ def _tile_options(total: int, limit: int = 12) -> list[int]:
     return out[:limit]
 
 
-def _candidate_tiles(p: _Problem, s: Split, cfg: CardConfig) -> Iterable[Tiles]:
+def _candidate_tiles(p: _Problem, s: Split, cfg: CardConfig, sharing: bool = True) -> Iterable[Tiles]:
     work = _assign(p, s, cfg)
     w = work[0]
     nb, nm = w.batches[1], w.rows[1]
@@ -34,8 +34,14 @@ def _candidate_tiles(p: _Problem, s: Split, cfg: CardConfig) -> Iterable[Tiles]:
     mts = sorted({_round(-(-nm // d), align) for d in (1, 2, 3, 4, 6, 8, 12, 16)} | {min(nm, 64)}, reverse=True)
     bts = _tile_options(nb, 4) if p.b_shared else [1]
     networks = ("reduce", "data") if s.k > 1 else ("",)
+    # A shared over the ring along each row of the split (share.py): only without a K-split, with whole
+    # K tiles (each tile one contiguous range to forward) and A not transposed in scratchpad.
+    can_share = sharing and s.k == 1 and s.n > 1 and not p.a_transposed
+    kts = _tile_options(ku, 6)
+    if can_share:  # sharing needs K tiles dividing K: the largest such tiles below the equal pieces above
+        kts += [d for d in sorted(_divisors(ku), reverse=True) if d < kts[-1] and d >= 4][:3]
     for nt in _tile_options(nu, 6):
-        for kt in _tile_options(ku, 6):
+        for kt in kts:
             for mt in mts:
                 for bt in bts:
                     if bt > 1 and mt < nm:
@@ -43,10 +49,12 @@ def _candidate_tiles(p: _Problem, s: Split, cfg: CardConfig) -> Iterable[Tiles]:
                     for res in (True, False):
                         if res and -(-nu // nt) == 1 and -(-ku // kt) == 1:
                             continue  # nothing to reuse
+                        shares = ("", "a") if can_share and ku % kt == 0 else ("",)
                         for net in networks:
-                            yield Tiles(bt, mt, nt, kt, res, net)
-                            if -(-nu // nt) > 1:
-                                yield Tiles(bt, mt, nt, kt, res, net, acc_double=False)
+                            for share in shares:
+                                yield Tiles(bt, mt, nt, kt, res, net, share=share)
+                                if -(-nu // nt) > 1:
+                                    yield Tiles(bt, mt, nt, kt, res, net, acc_double=False, share=share)
 
 
 _TIE = 1.01  # estimates within 1 % of a split's best tie; the fewest instructions wins
@@ -61,12 +69,14 @@ class Plan:
     est: Estimate
 
 
-def _best_tiles(p: _Problem, s: Split, cfg: CardConfig, traffic: _SplitTraffic | None = None) -> Plan | None:
-    """The cheapest tiles for split ``s`` that fit the scratchpad. Estimates within 1 % of the best count
-    as a tie, settled by the fewest instructions (a smaller program, faster to prepare and simulate)."""
+def _best_tiles(p: _Problem, s: Split, cfg: CardConfig, traffic: _SplitTraffic | None = None,
+                sharing: bool = True) -> Plan | None:
+    """The cheapest tiles for split ``s`` that fit the scratchpad (with ``sharing``, A forwarded over the
+    ring is among the candidates). Estimates within 1 % of the best count as a tie, settled by the fewest
+    instructions (a smaller program, faster to prepare and simulate)."""
     traffic = traffic or _split_traffic(p, s, cfg)
     scored, best = [], float("inf")
-    for t in _candidate_tiles(p, s, cfg):
+    for t in _candidate_tiles(p, s, cfg, sharing):
         if _exceeds(lower_bound(p, s, cfg, traffic, t), _TIE * best):
             continue  # cannot come within the tie margin of a plan already scored (nor of the best)
         sh = core_shape(p, s, t, traffic)
