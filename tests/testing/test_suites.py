@@ -164,7 +164,6 @@ def test_run_an_upstream_style_file_with_a_crash_xfails_tolerances_and_junit(tmp
     junit = tmp_path / "out.xml"
     r = _run_cli(["run", "suite.yaml", "--junit", str(junit), "--pytorch-src", str(checkout), "--jobs", "1"], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "2 xfailed" not in r.stdout  # the table, not a sentence
     cases = {(c.get("classname").split("::")[0], c.get("name")): c for s in ET.parse(junit).getroot() for c in s}
     for source in ("file:upstream_style.py", "pytorch:test/test_upstream_style.py"):
         def outcome(name):
@@ -219,4 +218,4 @@ def test_the_smoke_tier_passes():
     """The CI smoke tier (docs/test-suites.md gives its measured time)."""
     r = _run_cli(["run", "--tier", "smoke"], REPO)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
-    assert "unexpected" in r.stdout and " 0 " in r.stdout
+    assert "builtin:opinfo" in r.stdout and "xfailed" in r.stdout  # the summary table

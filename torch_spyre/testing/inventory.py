@@ -24,7 +24,7 @@ import torch
 
 from ..errors import SpyreError
 from .._torch import testing as seam
-from .opinfo_templates import DEVICE_DTYPES, dtype_name, test_ids
+from .opinfo_templates import DEVICE, DEVICE_DTYPES, TEMPLATE_CLASS, dtype_name, test_ids
 
 FORMAT = "spyre-tests-inventory"
 FORMAT_VERSION = 1
@@ -53,9 +53,14 @@ def _describe(x: Any) -> Any:
 
 
 def _decorators(op) -> list[str]:
+    """The op's decorators and skips that can apply to spyre's templates: a DecorateInfo aimed at another
+    test class (TestCommon, ...) or another device (cuda, ...) never does, and its churn between releases
+    must not select tests."""
     out = []
     for d in list(getattr(op, "decorators", ()) or ()) + list(getattr(op, "skips", ()) or ()):
         fields = [getattr(d, f, None) for f in ("cls_name", "test_name", "device_type", "dtypes")]
+        if fields[0] not in (None, TEMPLATE_CLASS) or fields[2] not in (None, "privateuse1", DEVICE):
+            continue
         inner = getattr(d, "decorators", None) or [d]
         names = [getattr(x, "__qualname__", getattr(x, "__name__", type(x).__name__)) for x in inner]
         out.append(json.dumps([names, fields], default=str))

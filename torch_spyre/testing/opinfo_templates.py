@@ -14,7 +14,8 @@ import torch
 from .._torch import testing as seam
 
 DEVICE = "spyre"
-CLASS_NAME = "TestSpyreOpsPRIVATEUSE1"  # instantiate_device_type_tests names the class after PrivateUse1
+TEMPLATE_CLASS = "TestSpyreOps"  # the generic class in opinfo_tests.py (OpInfo DecorateInfos name it)
+CLASS_NAME = TEMPLATE_CLASS + "PRIVATEUSE1"  # instantiate_device_type_tests names the class after PrivateUse1
 DEVICE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 REFUSED_DTYPES = (torch.float64, torch.complex64, torch.uint64)
 

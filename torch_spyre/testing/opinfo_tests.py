@@ -29,7 +29,7 @@ import warnings
 import torch
 
 from .._torch import testing as seam
-from .opinfo_templates import DEVICE_DTYPES, REFUSED_DTYPES, template_ops
+from .opinfo_templates import DEVICE_DTYPES, REFUSED_DTYPES, TEMPLATE_CLASS, template_ops
 
 SAMPLES = 3
 DEFAULT_TOLERANCES = {torch.float32: (1e-3, 1e-3), torch.float16: (2e-2, 2e-2), torch.bfloat16: (5e-2, 5e-2)}
@@ -214,4 +214,5 @@ def _grads(op, args, leaves):
     return torch.autograd.grad(total, leaves, allow_unused=True)
 
 
+assert TestSpyreOps.__name__ == TEMPLATE_CLASS
 seam.instantiate_for_device(TestSpyreOps, globals())
