@@ -219,3 +219,17 @@ def test_the_smoke_tier_passes():
     r = _run_cli(["run", "--tier", "smoke"], REPO)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
     assert "builtin:opinfo" in r.stdout and "xfailed" in r.stdout  # the summary table
+
+
+def test_the_reported_reason_is_the_error_not_torchs_repro_boilerplate():
+    from torch_spyre.testing.plan import Planned
+    from torch_spyre.testing.runner import Outcome
+
+    message = ("AssertionError: Tensor-likes are not close!\n\nTo execute this test, run the following from the base "
+               "repo dir:\n    PYTORCH_OPINFO_SAMPLE_INPUT_INDEX=2 python x.py\n\nThis message can be suppressed by "
+               "setting PYTORCH_PRINT_REPRO_ON_FAILURE=0")
+    o = Outcome(Planned(_t("test_x"), "mandatory_success", ""), "failed", message)
+    assert o.category == "unexpected failure" and o.why == "AssertionError: Tensor-likes are not close!"
+    assert Outcome(Planned(_t("test_x"), "xfail", "known"), "failed", message).category == "xfailed"
+    assert Outcome(Planned(_t("test_x"), "xfail", "known"), "passed").category == "unexpected pass"
+    assert Outcome(Planned(_t("test_x"), "mandatory_success", ""), "skipped", "no sample").category == "skipped"

@@ -31,6 +31,8 @@ from .plan import Collected, Planned, StaleEntryWarning, plan_source, warn_stale
 from .suite import Source, Suite, SuiteError, load_suite
 
 SHIPPED_CONFIGS = Path(__file__).with_name("configs")
+# lines PyTorch's test harness appends to every failure: not the reason
+BOILERPLATE = ("PYTORCH_PRINT_REPRO_ON_FAILURE", "To execute this test, run", "PYTORCH_OPINFO_SAMPLE_INPUT_INDEX")
 CATEGORIES = ("passed", "xfailed", "skipped", "unexpected failure", "unexpected pass")
 
 
@@ -59,8 +61,9 @@ class Outcome:
             return self.planned.reason
         if self.category == "unexpected pass":
             return f"passes; remove its xfail ({self.planned.entry.split(' (')[0]})"
-        first = [line for line in self.message.strip().splitlines() if line.strip()]
-        return first[-1][:300] if first else self.raw
+        lines = [line for line in self.message.strip().splitlines() if line.strip() and not any(
+            boiler in line for boiler in BOILERPLATE)]
+        return lines[-1][:300] if lines else self.raw
 
 
 @dataclass
