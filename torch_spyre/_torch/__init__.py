@@ -5,7 +5,8 @@
   global state the device needs (SDPA's Python kernel, ``torch.accelerator``, tensor printing).
 - :mod:`torch_spyre._torch.inductor`: Inductor and Dynamo (backend registration, the lowerings table, IR,
   the graph being compiled, shape symbols, FX graph cache, fake tensors); imports Inductor on first use.
-- :mod:`torch_spyre._torch.testing`: PyTorch's OpInfo database and pytree helpers, for the eager sweep.
+- :mod:`torch_spyre._torch.testing`: PyTorch's OpInfo and ModuleInfo databases, device-generic test instantiation,
+  op schemas and pytree helpers, for the eager sweep and the test suites (`testing/`).
 
 Each module lists the private symbols it uses in ``PRIVATE_SYMBOLS``; tests/test_torch_seam.py imports
 every one of them, so a torch upgrade that moves or removes one fails there first, one line per symbol.
