@@ -1,4 +1,4 @@
-"""Serving tests need the ``serve`` extra (vLLM); each runs vLLM in this process where it can."""
+"""The environment of the serving tests: vLLM on spyre, offline, with a private compile cache."""
 
 from __future__ import annotations
 
@@ -6,10 +6,7 @@ import os
 
 import pytest
 
-pytest.importorskip("vllm", reason="the serving tests need the serve extra: pip install -e '.[serve]'")
-
-
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def vllm_env(tmp_path_factory):
     """vLLM on spyre, one process, offline, with a private compile cache."""
     env = {"TORCH_SPYRE_VLLM": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1",

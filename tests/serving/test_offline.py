@@ -14,6 +14,9 @@ import torch
 
 from . import tiny_models
 
+pytest.importorskip("vllm", reason="the vLLM serving tests need the serve extra: pip install -e '.[serve]'")
+pytestmark = pytest.mark.usefixtures("vllm_env")
+
 PROMPTS = [[1, 5, 9, 33, 70, 2], [3, 4, 200, 17], [250, 12, 12, 99, 7, 8, 61, 140, 5, 6, 77, 31, 8, 19, 22, 64, 3]]
 NEW_TOKENS = 6
 
