@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 COMMON = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+              num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+              initializer_range=0.2)  # wide enough that greedy picks are not near-ties
 KINDS = ("llama", "qwen3", "granite")
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")

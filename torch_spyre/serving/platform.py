@@ -14,10 +14,11 @@ from vllm.logger import init_logger
 from vllm.platforms import PlatformEnum
 from vllm.platforms.cpu import CpuPlatform
 
+from .plugin import ATTENTION_BACKEND
+
 logger = init_logger("vllm.torch_spyre")
 
 DEFAULT_BLOCK_SIZE = 64  # tokens per KV block (IBM's plugin also uses multiples of 64)
-ATTENTION_BACKEND = "torch_spyre.serving.attention.SpyrePagedAttentionBackend"
 
 
 class SpyrePlatform(CpuPlatform):
@@ -59,6 +60,11 @@ class SpyrePlatform(CpuPlatform):
         cache_config = vllm_config.cache_config
         if not cache_config.user_specified_block_size:
             cache_config.block_size = DEFAULT_BLOCK_SIZE
+        parallel = vllm_config.parallel_config
+        if parallel.world_size == 1 and parallel.distributed_executor_backend == "mp":
+            # vLLM's CPU platform moves even one worker to its own process (for OpenMP thread binding, which
+            # the card does not need): keep it in the engine process, one process and one spawn fewer.
+            parallel.distributed_executor_backend = "uni"
         if vllm_config.parallel_config.worker_cls in ("auto", "vllm.v1.worker.cpu_worker.CPUWorker"):
             vllm_config.parallel_config.worker_cls = "torch_spyre.serving.worker.SpyreWorker"
         # The model runs op by op on the card (each op a cached card program); attention compiles itself

@@ -23,10 +23,15 @@ def platform_plugin() -> str | None:
     return "torch_spyre.serving.platform.SpyrePlatform" if requested() else None
 
 
-def general_plugin() -> None:
-    """``vllm.general_plugins`` (every vLLM process): register the device and the compiler before vLLM
-    builds a model, so the worker process has ``torch.spyre`` whether or not torch's autoload ran."""
-    if requested():
-        import torch_spyre
+ATTENTION_BACKEND = "torch_spyre.serving.attention.SpyrePagedAttentionBackend"
 
-        torch_spyre.register()
+
+def general_plugin() -> None:
+    """``vllm.general_plugins`` (every vLLM process). Loading this module already registered the device
+    and the compiler (the torch_spyre package does on import), whether or not torch's autoload ran; this
+    names the paged-attention backend as vLLM's CUSTOM backend, so ``--attention-backend CUSTOM`` and the
+    platform's choice resolve to the same class in every process."""
+    if requested():
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+        register_backend(AttentionBackendEnum.CUSTOM, ATTENTION_BACKEND)
