@@ -153,3 +153,18 @@ def test_spyre_serve_cli_errors_exit_2(tmp_path, capsys):
     assert "no config.json" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["info", "--bogus"])  # pass-through is for serve only
+
+
+def test_greedy_comparison_stops_at_a_near_tie_only():
+    from .tiny_models import Reference, assert_greedy_matches
+
+    ref = Reference([5, 6, 7, 8, 9])
+    ref.runner_up, ref.gaps = [1, 2, 3, 4, 5], [0.5, 0.4, 0.3, 0.01, 0.3]
+    assert_greedy_matches([5, 6, 7, 4, 1], ref)  # the tie at step 3 may take the runner-up; after it, anything
+    with pytest.raises(AssertionError):
+        assert_greedy_matches([5, 9, 7, 8, 9], ref)  # a decisive step differs
+    with pytest.raises(AssertionError):
+        assert_greedy_matches([5, 6, 7, 2, 9], ref)  # at the tie, only the top two are allowed
+    ref.gaps = [0.01, 0.5, 0.5, 0.5, 0.5]
+    with pytest.raises(AssertionError, match="ties at step 0"):
+        assert_greedy_matches([5, 6, 7, 8, 9], ref)
