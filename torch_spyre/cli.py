@@ -6,6 +6,7 @@
                           print the similarities and a per-kernel latency report in simulated device time
     spyre estimate        prefill/decode latency, tokens/s and memory of a Hugging Face decoder on the card,
                           from its config alone (--config CONFIG.json or --model NAME; timing-only mode)
+    spyre serve DIR       vLLM's OpenAI-compatible server on the card (--host, --port, vLLM's options pass through)
 
 Exit codes: 0 success, 1 the job failed (the message says why), 2 invalid configuration or usage.
 """
@@ -212,6 +213,32 @@ def _add_estimate_parser(sub: argparse._SubParsersAction) -> None:
     est.set_defaults(func=_estimate, parser=est)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from .serving.serve import ServeUsageError, exec_server, server_command, server_env
+
+    try:
+        command = server_command(args.model_dir, args.host, args.port, args.vllm_args)
+    except ServeUsageError as e:
+        print(f"spyre serve: {e}", file=sys.stderr)
+        return 2
+    exec_server(command, server_env())
+    return 1  # not reached: exec replaced this process
+
+
+def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="serve a model with vLLM's OpenAI-compatible server on the simulated card",
+                           description="Run vLLM's OpenAI-compatible server (completions, chat, /health, "
+                                       "/metrics) with the model and its paged KV cache on the simulated card. "
+                                       "Options spyre serve does not know are passed to vLLM's server "
+                                       "(e.g. --max-model-len 512 --max-num-seqs 4). docs/serving.md",
+                           usage="spyre serve MODEL_DIR [--host HOST] [--port PORT] [vLLM server options]")
+    serve.add_argument("model_dir", metavar="MODEL_DIR", help="a Hugging Face model directory (config.json, "
+                                                               "weights, tokenizer)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    serve.set_defaults(func=_serve, parser=serve, passes_through=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spyre", description="torch-spyre: IBM Spyre on a simulated card")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -220,12 +247,16 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(func=_info)
     _add_run_parser(sub)
     _add_estimate_parser(sub)
+    _add_serve_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "passes_through", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.vllm_args = extra
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return 2

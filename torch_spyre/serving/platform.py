@@ -1,0 +1,78 @@
+"""vLLM platform ``spyre``: vLLM's CPU platform with the model and KV cache on the simulated card.
+
+The platform keeps vLLM's device "cpu" (the scheduler, input batches and sampler are host code) and
+names the card's dispatch key, so vLLM's custom ops (attention, the KV-cache update) get a PrivateUse1
+kernel and receive the spyre tensors. The worker moves the model and the KV cache to the card
+(``worker.py``, ``model_runner.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm.logger import init_logger
+from vllm.platforms import PlatformEnum
+from vllm.platforms.cpu import CpuPlatform
+
+from .plugin import ATTENTION_BACKEND
+
+logger = init_logger("vllm.torch_spyre")
+
+DEFAULT_BLOCK_SIZE = 64  # tokens per KV block (IBM's plugin also uses multiples of 64)
+
+
+class SpyrePlatform(CpuPlatform):
+    _enum = PlatformEnum.OOT
+    device_name: str = "cpu"
+    device_type: str = "cpu"
+    dispatch_key: str = "PrivateUse1"
+    simple_compile_backend: str = "eager"
+
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        return [torch.float16]
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return "spyre (simulated)"
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return torch.spyre.mem_get_info(device_id)[1]
+
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
+        if attn_selector_config.use_mla or attn_selector_config.use_sparse:
+            raise NotImplementedError("spyre serves models with standard (non-MLA, dense) attention only")
+        return ATTENTION_BACKEND
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config) -> None:
+        super().check_and_update_config(vllm_config)
+        from vllm.config import CompilationMode  # not at import: vllm.config imports the platform
+        from vllm.config.compilation import CUDAGraphMode
+
+        model_config = vllm_config.model_config
+        if model_config is not None and model_config.dtype != torch.float16:
+            logger.info("spyre serves in float16 (the card holds DLFloat16): dtype %s -> float16",
+                        model_config.dtype)
+            model_config.dtype = torch.float16
+        cache_config = vllm_config.cache_config
+        if not cache_config.user_specified_block_size:
+            cache_config.block_size = DEFAULT_BLOCK_SIZE
+        parallel = vllm_config.parallel_config
+        if parallel.world_size == 1 and parallel.distributed_executor_backend == "mp":
+            # vLLM's CPU platform moves even one worker to its own process (for OpenMP thread binding, which
+            # the card does not need): keep it in the engine process, one process and one spawn fewer.
+            parallel.distributed_executor_backend = "uni"
+        if vllm_config.parallel_config.worker_cls in ("auto", "vllm.v1.worker.cpu_worker.CPUWorker"):
+            vllm_config.parallel_config.worker_cls = "torch_spyre.serving.worker.SpyreWorker"
+        # The model runs op by op on the card (each op a cached card program); attention compiles itself
+        # (attention.py). vLLM's whole-model Dynamo/Inductor compile is not used.
+        compilation = vllm_config.compilation_config
+        compilation.mode = CompilationMode.NONE
+        compilation.cudagraph_mode = CUDAGraphMode.NONE
+        compilation.inductor_compile_config["combo_kernels"] = False
+        compilation.inductor_compile_config["benchmark_combo_kernel"] = False
+        if model_config is not None:
+            model_config.enforce_eager = True

@@ -1,0 +1,25 @@
+"""vLLM worker for the card: builds the spyre model runner and sizes the KV cache against card memory."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from vllm.v1.worker.cpu_worker import CPUWorker
+
+from .kv_budget import kv_cache_budget
+
+
+class SpyreWorker(CPUWorker):
+    def init_device(self) -> None:
+        super().init_device()  # distributed environment, seed, a CPU runner we replace
+        from .model_runner import SpyreModelRunner
+
+        self.model_runner = SpyreModelRunner(self.vllm_config, torch.device("cpu"))
+
+    def _maybe_get_memory_pool_context(self, tag: str):
+        return contextlib.nullcontext()  # no CUDA memory pool on the card
+
+    def determine_available_memory(self) -> int:
+        return kv_cache_budget(self.cache_config.kv_cache_memory_bytes, self.cache_config.gpu_memory_utilization)
