@@ -152,6 +152,16 @@ class FastPlan:
         for c in key[0]:
             self._fresh_on.setdefault(c, {})[key] = span
 
+        if 0 in view.strides and view.size:
+            # A broadcast view (a bias over rows): decode each distinct element once, then broadcast.
+            compact = view[tuple(slice(0, 1) if st == 0 else slice(None) for st in view.strides)]
+
+            def decode_broadcast() -> np.ndarray:
+                slots[slot] = values = np.broadcast_to(vector_ops.decode(compact, "dlfloat16"), view.shape)
+                return values
+
+            return decode_broadcast
+
         def decode() -> np.ndarray:
             slots[slot] = values = vector_ops.decode(view, "dlfloat16")
             return values
@@ -243,6 +253,8 @@ class FastPlan:
             return copy_bits
         fn = vector_ops.ELEMENTWISE[op]
         binary = op in vector_ops.BINARY
+        if _computes_in_fp32(ins):
+            return self._fp32_elementwise(run, ins, out, fn)
         readers = [_constant(vector_ops.scalar(x.value)) if isinstance(x, Scalar) else self._reader(run, x)
                    for x in ins.inputs]
         self._wrote_tensor(run, ins.out)
@@ -255,6 +267,32 @@ class FastPlan:
             out[...] = vector_ops.encode(fn(*values), out_dtype)  # numpy broadcasts a smaller result
 
         return elementwise
+
+    def _fp32_elementwise(self, run, ins: Elementwise, out: np.ndarray, fn: Callable) -> Step:
+        """An op on floats computed in fp32 (see :func:`_computes_in_fp32`): ``promote`` would change
+        nothing and no integer check applies, so the step skips both, and reads an fp32 tensor as the
+        scratchpad view itself (the vector ops never write their inputs)."""
+        values = [np.asarray(vector_ops.scalar(x.value), dtype=np.float32) if isinstance(x, Scalar)
+                  else self._tensor(run, x) if x.dtype == "float32" else None for x in ins.inputs]
+        readers = [None if v is not None else self._reader(run, x) for v, x in zip(values, ins.inputs)]
+        self._wrote_tensor(run, ins.out)
+        out_dtype = ins.out.dtype
+        encode = vector_ops.encode
+        if all(r is None for r in readers) and out_dtype == "float32" and ins.out.numel:
+            nan = vector_ops.DEFAULT_NAN
+
+            def fp32_views(memory: Any, dma_addresses: dict) -> None:
+                result = fn(*values)
+                if np.isnan(result.min()):  # min propagates NaN: one cheap pass when there is none
+                    result = np.where(np.isnan(result), nan, result)
+                out[...] = result
+
+            return fp32_views
+
+        def fp32_elementwise(memory: Any, dma_addresses: dict) -> None:
+            out[...] = encode(fn(*[v if r is None else r() for v, r in zip(values, readers)]), out_dtype)
+
+        return fp32_elementwise
 
     def _integer_check(self, run, ins: Elementwise, values: list[np.ndarray]) -> None:
         problem = vector_ops.integer_operand_error(ins.op, *values)
@@ -276,7 +314,7 @@ class FastPlan:
         def matmul(memory: Any, dma_addresses: dict) -> None:
             result = np.matmul(read_a().astype(kind, copy=False), read_b().astype(kind, copy=False))
             if ins.accumulate:
-                result = result + read_out()
+                np.add(result, read_out(), out=result)  # result is the step's own array
             out[...] = vector_ops.encode(result, dout)
 
         return matmul
@@ -297,6 +335,17 @@ class FastPlan:
             out[...] = vector_ops.encode(result, ins.out.dtype)
 
         return reduce_step
+
+
+def _computes_in_fp32(ins: Elementwise) -> bool:
+    """True when ``promote`` would bring every input to fp32 and the result is a float: every tensor
+    input is float32 or DLFloat16 (read as fp32), and the op is neither ``where`` (its condition keeps
+    its type), ``cast`` (not promoted) nor a comparison."""
+    op = ins.op
+    if op in ("where", "cast") or op in vector_ops.BOOL_RESULT_OPS:
+        return False
+    tensors = [x for x in ins.inputs if isinstance(x, SpTensor)]
+    return bool(tensors) and all(x.dtype in vector_ops.FLOAT_DTYPES for x in tensors)
 
 
 def _constant(value: np.ndarray) -> Callable[[], np.ndarray]:
