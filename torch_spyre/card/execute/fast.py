@@ -246,6 +246,13 @@ class FastPlan:
         if op == "copy" and isinstance(first, SpTensor) and first.dtype == out_dtype:
             src = self._tensor(run, first)
             self._wrote_tensor(run, ins.out)
+            (slo, shi), (olo, ohi) = first.byte_span(), ins.out.byte_span()
+            if first.shape == ins.out.shape and (shi <= olo or ohi <= slo):
+                # Disjoint bytes of the same shape: the copy reads each source byte before any is written.
+                def copy_disjoint(memory: Any, dma_addresses: dict) -> None:
+                    out[...] = src
+
+                return copy_disjoint
 
             def copy_bits(memory: Any, dma_addresses: dict) -> None:  # a copy moves bits
                 out[...] = np.broadcast_to(np.array(src), out.shape)
@@ -340,9 +347,9 @@ class FastPlan:
 def _computes_in_fp32(ins: Elementwise) -> bool:
     """True when ``promote`` would bring every input to fp32 and the result is a float: every tensor
     input is float32 or DLFloat16 (read as fp32), and the op is neither ``where`` (its condition keeps
-    its type), ``cast`` (not promoted) nor a comparison."""
+    its type) nor a comparison. (``cast`` is not promoted: its fp32 input is computed on as it is.)"""
     op = ins.op
-    if op in ("where", "cast") or op in vector_ops.BOOL_RESULT_OPS:
+    if op == "where" or op in vector_ops.BOOL_RESULT_OPS:
         return False
     tensors = [x for x in ins.inputs if isinstance(x, SpTensor)]
     return bool(tensors) and all(x.dtype in vector_ops.FLOAT_DTYPES for x in tensors)
