@@ -32,6 +32,7 @@ from ...program import STICK_BYTES, DmaGather, DmaLoad, DmaStore, Elementwise, M
 from .. import vector_ops
 from .dma import gather_index_problem, gather_rows
 from .driver import single_threaded_pools
+from .runs import joined_cores
 from .schedule import Group, lockstep_rounds
 from .state import ExecutionError, Scratchpads, scratchpads
 
@@ -43,13 +44,16 @@ class FastPlan:
 
     def __init__(self, program: Program, card: Any):
         self.program = program
+        # Runs of alike vector instructions joined (``runs``): index (core, i) is into these lists, and
+        # ``origin[core][i]`` is that instruction's index in the program (DMA addresses, errors).
+        self.cores, self.origin = joined_cores(program)
         self.pads: Scratchpads = scratchpads(card)
         self.steps: list[Step] = []
         # Decoded DLFloat16 tiles shared by the steps of one run (see :meth:`_reader`): slot -> array.
         self._slots: list[np.ndarray | None] = []
         self._fresh: dict[tuple, int] = {}  # tile key -> its slot, while nothing has written its bytes
         self._fresh_on: dict[int, dict[tuple, tuple[int, int]]] = {}  # core -> {tile key: byte span}
-        for groups in lockstep_rounds(program):
+        for groups in lockstep_rounds(program, self.cores):
             for group in groups:
                 self.steps.extend(self._plan(group))
         # BLAS (matmul) and torch's kernels (the position-dependent ops) split work over threads, which
@@ -82,13 +86,13 @@ class FastPlan:
     # --- planning --------------------------------------------------------------------------------
     def _plan(self, group: Group) -> list[Step]:
         members = group.members
-        ins0 = self.program.cores[members[0][0]][members[0][1]]
+        ins0 = self.cores[members[0][0]][members[0][1]]
         if isinstance(ins0, (DmaLoad, DmaStore)):
             return self._plan_dma(members)
         if isinstance(ins0, DmaGather):
             return [self._gather(c, i) for c, i in members]
         if isinstance(ins0, RingSend):
-            return [self._ring_send([(c, self.program.cores[c][i].dst_core) for c, i in members], ins0)]
+            return [self._ring_send([(c, self.cores[c][i].dst_core) for c, i in members], ins0)]
         if isinstance(ins0, Reduce) or (isinstance(ins0, Elementwise) and ins0.op in vector_ops.POSITION_DEPENDENT_OPS):
             # Per core, on the checked executor's shapes: how numpy's reductions walk an array decides the
             # order of their sums and which NaN (its sign) a max returns, and torch's kernels round an
@@ -101,7 +105,7 @@ class FastPlan:
         return [make(run, ins0) for run in runs]
 
     def _plan_dma(self, members: Sequence[tuple[int, int]]) -> list[Step]:
-        instrs = [self.program.cores[c][i] for c, i in members]
+        instrs = [self.cores[c][i] for c, i in members]
         ins0 = instrs[0]
         if not ins0.pattern.sticks:
             return []
@@ -186,7 +190,7 @@ class FastPlan:
         p = ins0.pattern
         load = isinstance(ins0, DmaLoad)
         pad = self._pad_view(run, ins0.sp_offset, (*p.shape, STICK_BYTES), (*p.sp_strides, 1), np.dtype(np.uint8))
-        c0, i0 = run[0]
+        c0, i0 = run[0][0], self.origin[run[0][0]][run[0][1]]
         lo = p.span(p.dram_strides)[0]
         if len(run) == 1:
             shape, strides, span_lo = (*p.shape, STICK_BYTES), (*p.dram_strides, 1), lo
@@ -208,7 +212,8 @@ class FastPlan:
         return dma
 
     def _gather(self, core: int, index: int) -> Step:
-        ins: DmaGather = self.program.cores[core][index]
+        ins: DmaGather = self.cores[core][index]
+        index = self.origin[core][index]
         program = self.program
         run = [(core, index)]
         idx_view = self._tensor(run, ins.index)
@@ -308,8 +313,8 @@ class FastPlan:
         if len(run) > 1:  # name the first core whose values are bad
             for j, (core, index) in enumerate(run):
                 if vector_ops.integer_operand_error(ins.op, *(v[j] if v.ndim else v for v in values)):
-                    raise ExecutionError(problem, core, index, ins)
-        raise ExecutionError(problem, run[0][0], run[0][1], ins)
+                    raise ExecutionError(problem, core, self.origin[core][index], ins)
+        raise ExecutionError(problem, run[0][0], self.origin[run[0][0]][run[0][1]], ins)
 
     def _matmul(self, run, ins: MatMul) -> Step:
         read_a, read_b, read_out = self._reader(run, ins.a), self._reader(run, ins.b), self._reader(run, ins.out)
