@@ -9,7 +9,8 @@ bytes, races, deadlocks), so once one checked run has passed, later runs skip th
   cores ``c0, c0 + s, c0 + 2s, ...`` (whose device offsets also step evenly) run as *one* numpy operation
   over a strided view spanning those cores' scratchpads (one block, a row per core);
 - a DMA is one strided copy between that view and the device buffer, whatever the number of cores;
-- DLFloat16 is decoded and rounded once per batched tensor, not per core or per stick.
+- DLFloat16 is decoded and rounded once per batched tensor, not per core or per stick;
+- consecutive alike vector instructions of one core are first joined into one (``runs``).
 
 Bit identity: an elementwise op's result for one element does not depend on where it sits in the array
 (``tests/card/test_vector_ops.py`` checks it for each op, NaNs included; every computed NaN is written as
