@@ -193,3 +193,13 @@ def test_from_float32_on_every_rounding_class():
     bits = np.concatenate([top, top | np.uint32(0x1FFF)])
     values = bits.view(np.float32)
     np.testing.assert_array_equal(dlfloat16.from_float32(values), _from_float32_step_by_step(values))
+
+
+def test_from_float32_table_is_the_formula():
+    """``from_float32`` gathers from a table of the formula's codes: any fp32 bits give the formula's code."""
+    from torch_spyre.card import dlfloat16
+
+    rng = np.random.default_rng(1)
+    bits = rng.integers(0, 2**32, size=200_000, dtype=np.uint64).astype(np.uint32)
+    values = bits.view(np.float32)
+    np.testing.assert_array_equal(dlfloat16.from_float32(values), dlfloat16._from_float32_arith(values))

@@ -216,6 +216,51 @@ def test_random_programs_fast_equals_checked(card, case):
     assert_identical(both_ways(card, program, {"x": _random_bytes(x.nbytes, dtype, seed)}))
 
 
+def _stick_runs_program(step_in: int, step_out: int, op: str = "copy", n: int = 8) -> Program:
+    """Core 0 loads 16 sticks of fp32 and runs ``n`` alike one-stick instructions whose input and output
+    offsets step by ``step_in`` and ``step_out`` bytes (the pointwise generator's box-by-box copies)."""
+    t = lambda off: SpTensor(off, "float32", (32,), (1,))  # noqa: E731
+    inputs = (lambda k: (t(k * step_in),)) if op == "copy" else (lambda k: (t(k * step_in), Scalar(0.5)))
+    body = [Elementwise(op, t(1024 + k * step_out), inputs(k)) for k in range(n)]
+    return Program("runs", [Operand("x", 2048), Operand("y", 2048, access="out")], {0: [
+        DmaLoad(Addr("x", 0), 0, DmaPattern.contiguous(16)), *body,
+        DmaStore(Addr("y", 0), 0, DmaPattern.contiguous(16))]})
+
+
+@pytest.mark.parametrize("step_in, step_out, op, steps", [
+    (128, 128, "copy", 3),   # 8 copies of disjoint sticks: one joined step between the DMAs
+    (128, 128, "mul", 3),    # the same with an immediate
+    (0, 128, "mul", 3),      # one input stick broadcast to 8 outputs: its step is 0
+    (128, 0, "copy", 10),    # every copy writes the same stick: the last one wins, nothing is joined
+    (-128, 128, "copy", 10),  # a falling offset is not joined
+])
+def test_runs_of_alike_vector_instructions_join(card, step_in, step_out, op, steps):
+    """Consecutive alike vector instructions of one core run as one step when their offsets step evenly
+    and none writes what a later one reads; the bytes stay the checked executor's."""
+    if step_in < 0:
+        program = _stick_runs_program(128, 128, op)
+        body = program.cores[0][1:-1][::-1]  # offsets falling
+        program = Program("runs", program.operands, {0: [program.cores[0][0], *body, program.cores[0][-1]]})
+    else:
+        program = _stick_runs_program(step_in, step_out, op)
+    assert len(FastPlan(program, card).steps) == steps
+    assert_identical(both_ways(card, program, {"x": _random_bytes(2048, "float32", 3)}))
+
+
+def test_a_run_that_reads_what_it_wrote_is_not_joined(card):
+    """Copy k reads the stick copy k - 1 wrote (a shift by one stick): joined, every copy would read the
+    old bytes; the run is cut so that each copy sees its predecessor's result."""
+    t = lambda off: SpTensor(off, "float32", (32,), (1,))  # noqa: E731
+    body = [Elementwise("copy", t(128 * (k + 1)), (t(128 * k),)) for k in range(6)]
+    program = Program("shift", [Operand("x", 2048), Operand("y", 2048, access="out")], {0: [
+        DmaLoad(Addr("x", 0), 0, DmaPattern.contiguous(16)), *body, DmaStore(Addr("y", 0), 0, DmaPattern.contiguous(16))]})
+    assert len(FastPlan(program, card).steps) == 8
+    results = both_ways(card, program, {"x": _random_bytes(2048, "float32", 4)})
+    assert_identical(results)
+    checked = results["y"][0].view(np.float32)
+    assert np.array_equal(checked[32 * 6:32 * 7], checked[:32])  # the first stick reached the seventh
+
+
 def test_lockstep_rounds_put_synchronized_work_in_later_rounds():
     """Core 1 waits for core 0's signal: its store lands in a later round than core 0's store."""
     p = DmaPattern.contiguous(1)

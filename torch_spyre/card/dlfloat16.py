@@ -35,6 +35,26 @@ _DROP = 23 - FRACTION_BITS  # fp32 fraction bits that DLFloat16 drops
 def from_float32(values: np.ndarray) -> np.ndarray:
     """Round fp32 values to DLFloat16 bit patterns (ties away from zero, overflow to the special code).
 
+    The code depends only on an fp32's top 19 bits (sign, exponent, the 9 kept fraction bits and the
+    rounding bit: see :func:`_from_float32_arith`), so it is one gather through a 2^19-entry table built
+    from the formula: two passes over the data instead of about ten.
+    """
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    return _encode_table().take(bits >> np.uint32(_ENCODE_SHIFT))
+
+
+_ENCODE_SHIFT = _DROP - 1  # the bits below the rounding bit never change the code
+
+
+@cache
+def _encode_table() -> np.ndarray:
+    keys = np.arange(1 << (32 - _ENCODE_SHIFT), dtype=np.uint32) << np.uint32(_ENCODE_SHIFT)
+    return _from_float32_arith(keys.view(np.float32))
+
+
+def _from_float32_arith(values: np.ndarray) -> np.ndarray:
+    """Round fp32 values to DLFloat16 bit patterns, arithmetically (what :func:`from_float32`'s table holds).
+
     One integer formula over the magnitude's bits: adding half an ulp of the 9-bit fraction and dropping
     the other 14 bits rounds ties away from zero (a carry bumps the exponent); rebiasing the exponent
     (127 -> 31) is subtracting ``96 << 9``. What lands at or below 0 underflowed (below 2^-31, fp32
@@ -76,7 +96,7 @@ def _decode_table() -> np.ndarray:
 
 def to_float32(bits: np.ndarray) -> np.ndarray:
     """Expand DLFloat16 bit patterns to fp32 (exact; the special code becomes NaN)."""
-    return _decode_table()[np.asarray(bits, dtype=np.uint16)]
+    return _decode_table().take(np.asarray(bits, dtype=np.uint16))  # take: ~20 % faster than indexing
 
 
 def _bfloat16_bits_from_float32(values: np.ndarray) -> np.ndarray:

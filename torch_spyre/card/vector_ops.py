@@ -190,7 +190,7 @@ def decode(view: np.ndarray, dtype: str) -> np.ndarray:
     return view.astype(np.int64)
 
 
-_DEFAULT_NAN = np.float32(np.nan)  # fp32's default quiet NaN, 0x7FC00000
+DEFAULT_NAN = np.float32(np.nan)  # fp32's default quiet NaN, 0x7FC00000
 
 
 def encode(values: np.ndarray, dtype: str) -> np.ndarray:
@@ -202,9 +202,8 @@ def encode(values: np.ndarray, dtype: str) -> np.ndarray:
     the walk (the fast executor computes several cores' tensors in one array)."""
     if dtype in FLOAT_DTYPES:
         values = np.asarray(values, dtype=np.float32)
-        nan = np.isnan(values)
-        if nan.any():
-            values = np.where(nan, _DEFAULT_NAN, values)
+        if values.size and np.isnan(values.min()):  # min propagates NaN: one pass, no mask, when none
+            values = np.where(np.isnan(values), DEFAULT_NAN, values)
         return from_float32(values) if dtype == "dlfloat16" else values
     if dtype == "bool":
         return np.asarray(values) != 0

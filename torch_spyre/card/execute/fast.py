@@ -9,7 +9,8 @@ bytes, races, deadlocks), so once one checked run has passed, later runs skip th
   cores ``c0, c0 + s, c0 + 2s, ...`` (whose device offsets also step evenly) run as *one* numpy operation
   over a strided view spanning those cores' scratchpads (one block, a row per core);
 - a DMA is one strided copy between that view and the device buffer, whatever the number of cores;
-- DLFloat16 is decoded and rounded once per batched tensor, not per core or per stick.
+- DLFloat16 is decoded and rounded once per batched tensor, not per core or per stick;
+- consecutive alike vector instructions of one core are first joined into one (``runs``).
 
 Bit identity: an elementwise op's result for one element does not depend on where it sits in the array
 (``tests/card/test_vector_ops.py`` checks it for each op, NaNs included; every computed NaN is written as
@@ -32,6 +33,7 @@ from ...program import STICK_BYTES, DmaGather, DmaLoad, DmaStore, Elementwise, M
 from .. import vector_ops
 from .dma import gather_index_problem, gather_rows
 from .driver import single_threaded_pools
+from .runs import joined_cores
 from .schedule import Group, lockstep_rounds
 from .state import ExecutionError, Scratchpads, scratchpads
 
@@ -43,13 +45,16 @@ class FastPlan:
 
     def __init__(self, program: Program, card: Any):
         self.program = program
+        # Runs of alike vector instructions joined (``runs``): index (core, i) is into these lists, and
+        # ``origin[core][i]`` is that instruction's index in the program (DMA addresses, errors).
+        self.cores, self.origin = joined_cores(program)
         self.pads: Scratchpads = scratchpads(card)
         self.steps: list[Step] = []
         # Decoded DLFloat16 tiles shared by the steps of one run (see :meth:`_reader`): slot -> array.
         self._slots: list[np.ndarray | None] = []
         self._fresh: dict[tuple, int] = {}  # tile key -> its slot, while nothing has written its bytes
         self._fresh_on: dict[int, dict[tuple, tuple[int, int]]] = {}  # core -> {tile key: byte span}
-        for groups in lockstep_rounds(program):
+        for groups in lockstep_rounds(program, self.cores):
             for group in groups:
                 self.steps.extend(self._plan(group))
         # BLAS (matmul) and torch's kernels (the position-dependent ops) split work over threads, which
@@ -82,13 +87,13 @@ class FastPlan:
     # --- planning --------------------------------------------------------------------------------
     def _plan(self, group: Group) -> list[Step]:
         members = group.members
-        ins0 = self.program.cores[members[0][0]][members[0][1]]
+        ins0 = self.cores[members[0][0]][members[0][1]]
         if isinstance(ins0, (DmaLoad, DmaStore)):
             return self._plan_dma(members)
         if isinstance(ins0, DmaGather):
             return [self._gather(c, i) for c, i in members]
         if isinstance(ins0, RingSend):
-            return [self._ring_send([(c, self.program.cores[c][i].dst_core) for c, i in members], ins0)]
+            return [self._ring_send([(c, self.cores[c][i].dst_core) for c, i in members], ins0)]
         if isinstance(ins0, Reduce) or (isinstance(ins0, Elementwise) and ins0.op in vector_ops.POSITION_DEPENDENT_OPS):
             # Per core, on the checked executor's shapes: how numpy's reductions walk an array decides the
             # order of their sums and which NaN (its sign) a max returns, and torch's kernels round an
@@ -101,7 +106,7 @@ class FastPlan:
         return [make(run, ins0) for run in runs]
 
     def _plan_dma(self, members: Sequence[tuple[int, int]]) -> list[Step]:
-        instrs = [self.program.cores[c][i] for c, i in members]
+        instrs = [self.cores[c][i] for c, i in members]
         ins0 = instrs[0]
         if not ins0.pattern.sticks:
             return []
@@ -152,6 +157,16 @@ class FastPlan:
         for c in key[0]:
             self._fresh_on.setdefault(c, {})[key] = span
 
+        if 0 in view.strides and view.size:
+            # A broadcast view (a bias over rows): decode each distinct element once, then broadcast.
+            compact = view[tuple(slice(0, 1) if st == 0 else slice(None) for st in view.strides)]
+
+            def decode_broadcast() -> np.ndarray:
+                slots[slot] = values = np.broadcast_to(vector_ops.decode(compact, "dlfloat16"), view.shape)
+                return values
+
+            return decode_broadcast
+
         def decode() -> np.ndarray:
             slots[slot] = values = vector_ops.decode(view, "dlfloat16")
             return values
@@ -176,7 +191,7 @@ class FastPlan:
         p = ins0.pattern
         load = isinstance(ins0, DmaLoad)
         pad = self._pad_view(run, ins0.sp_offset, (*p.shape, STICK_BYTES), (*p.sp_strides, 1), np.dtype(np.uint8))
-        c0, i0 = run[0]
+        c0, i0 = run[0][0], self.origin[run[0][0]][run[0][1]]
         lo = p.span(p.dram_strides)[0]
         if len(run) == 1:
             shape, strides, span_lo = (*p.shape, STICK_BYTES), (*p.dram_strides, 1), lo
@@ -198,7 +213,8 @@ class FastPlan:
         return dma
 
     def _gather(self, core: int, index: int) -> Step:
-        ins: DmaGather = self.program.cores[core][index]
+        ins: DmaGather = self.cores[core][index]
+        index = self.origin[core][index]
         program = self.program
         run = [(core, index)]
         idx_view = self._tensor(run, ins.index)
@@ -236,6 +252,13 @@ class FastPlan:
         if op == "copy" and isinstance(first, SpTensor) and first.dtype == out_dtype:
             src = self._tensor(run, first)
             self._wrote_tensor(run, ins.out)
+            (slo, shi), (olo, ohi) = first.byte_span(), ins.out.byte_span()
+            if first.shape == ins.out.shape and (shi <= olo or ohi <= slo):
+                # Disjoint bytes of the same shape: the copy reads each source byte before any is written.
+                def copy_disjoint(memory: Any, dma_addresses: dict) -> None:
+                    out[...] = src
+
+                return copy_disjoint
 
             def copy_bits(memory: Any, dma_addresses: dict) -> None:  # a copy moves bits
                 out[...] = np.broadcast_to(np.array(src), out.shape)
@@ -243,6 +266,8 @@ class FastPlan:
             return copy_bits
         fn = vector_ops.ELEMENTWISE[op]
         binary = op in vector_ops.BINARY
+        if _computes_in_fp32(ins):
+            return self._fp32_elementwise(run, ins, out, fn)
         readers = [_constant(vector_ops.scalar(x.value)) if isinstance(x, Scalar) else self._reader(run, x)
                    for x in ins.inputs]
         self._wrote_tensor(run, ins.out)
@@ -256,6 +281,32 @@ class FastPlan:
 
         return elementwise
 
+    def _fp32_elementwise(self, run, ins: Elementwise, out: np.ndarray, fn: Callable) -> Step:
+        """An op on floats computed in fp32 (see :func:`_computes_in_fp32`): ``promote`` would change
+        nothing and no integer check applies, so the step skips both, and reads an fp32 tensor as the
+        scratchpad view itself (the vector ops never write their inputs)."""
+        values = [np.asarray(vector_ops.scalar(x.value), dtype=np.float32) if isinstance(x, Scalar)
+                  else self._tensor(run, x) if x.dtype == "float32" else None for x in ins.inputs]
+        readers = [None if v is not None else self._reader(run, x) for v, x in zip(values, ins.inputs)]
+        self._wrote_tensor(run, ins.out)
+        out_dtype = ins.out.dtype
+        encode = vector_ops.encode
+        if all(r is None for r in readers) and out_dtype == "float32" and ins.out.numel:
+            nan = vector_ops.DEFAULT_NAN
+
+            def fp32_views(memory: Any, dma_addresses: dict) -> None:
+                result = fn(*values)
+                if np.isnan(result.min()):  # min propagates NaN: one cheap pass when there is none
+                    result = np.where(np.isnan(result), nan, result)
+                out[...] = result
+
+            return fp32_views
+
+        def fp32_elementwise(memory: Any, dma_addresses: dict) -> None:
+            out[...] = encode(fn(*[v if r is None else r() for v, r in zip(values, readers)]), out_dtype)
+
+        return fp32_elementwise
+
     def _integer_check(self, run, ins: Elementwise, values: list[np.ndarray]) -> None:
         problem = vector_ops.integer_operand_error(ins.op, *values)
         if problem is None:
@@ -263,8 +314,8 @@ class FastPlan:
         if len(run) > 1:  # name the first core whose values are bad
             for j, (core, index) in enumerate(run):
                 if vector_ops.integer_operand_error(ins.op, *(v[j] if v.ndim else v for v in values)):
-                    raise ExecutionError(problem, core, index, ins)
-        raise ExecutionError(problem, run[0][0], run[0][1], ins)
+                    raise ExecutionError(problem, core, self.origin[core][index], ins)
+        raise ExecutionError(problem, run[0][0], self.origin[run[0][0]][run[0][1]], ins)
 
     def _matmul(self, run, ins: MatMul) -> Step:
         read_a, read_b, read_out = self._reader(run, ins.a), self._reader(run, ins.b), self._reader(run, ins.out)
@@ -276,7 +327,7 @@ class FastPlan:
         def matmul(memory: Any, dma_addresses: dict) -> None:
             result = np.matmul(read_a().astype(kind, copy=False), read_b().astype(kind, copy=False))
             if ins.accumulate:
-                result = result + read_out()
+                np.add(result, read_out(), out=result)  # result is the step's own array
             out[...] = vector_ops.encode(result, dout)
 
         return matmul
@@ -297,6 +348,17 @@ class FastPlan:
             out[...] = vector_ops.encode(result, ins.out.dtype)
 
         return reduce_step
+
+
+def _computes_in_fp32(ins: Elementwise) -> bool:
+    """True when ``promote`` would bring every input to fp32 and the result is a float: every tensor
+    input is float32 or DLFloat16 (read as fp32), and the op is neither ``where`` (its condition keeps
+    its type) nor a comparison. (``cast`` is not promoted: its fp32 input is computed on as it is.)"""
+    op = ins.op
+    if op == "where" or op in vector_ops.BOOL_RESULT_OPS:
+        return False
+    tensors = [x for x in ins.inputs if isinstance(x, SpTensor)]
+    return bool(tensors) and all(x.dtype in vector_ops.FLOAT_DTYPES for x in tensors)
 
 
 def _constant(value: np.ndarray) -> Callable[[], np.ndarray]:

@@ -58,10 +58,11 @@ def instruction_key(ins: Instruction) -> Hashable:
     return ins
 
 
-def lockstep_rounds(program: Program) -> list[list[Group]]:
-    """The program's data instructions as rounds of groups (see the module docstring). Raises
+def lockstep_rounds(program: Program, cores: dict[int, list[Instruction]] | None = None) -> list[list[Group]]:
+    """The program's data instructions as rounds of groups (see the module docstring); ``cores``, if
+    given, replaces the program's instruction lists (the fast executor's joined runs). Raises
     :class:`ProgramError` if the program cannot finish, which a proved program never does."""
-    cores = {c: instrs for c, instrs in sorted(program.cores.items()) if instrs}
+    cores = {c: instrs for c, instrs in sorted((program.cores if cores is None else cores).items()) if instrs}
     active = tuple(cores)
     pc = dict.fromkeys(cores, 0)
     tokens: Counter = Counter()  # (kind, src, dst, tag) -> tokens consumable from this round on
