@@ -236,7 +236,10 @@ def build(model_type: str, seed: int = 0) -> Built:
 
 def compared(built: Built, out: Any) -> torch.Tensor:
     """The tensor a run is judged by: the logits or the last hidden state (else the first tensor output)."""
-    value = getattr(out, built.output, None) if not isinstance(out, (tuple, list)) else None
+    if isinstance(out, dict):  # transformers' ModelOutput is a dict too
+        value = out.get(built.output)
+    else:
+        value = getattr(out, built.output, None) if not isinstance(out, (tuple, list)) else None
     if value is None and hasattr(out, "to_tuple"):
         value = next((v for v in out.to_tuple() if isinstance(v, torch.Tensor)), None)
     if value is None and isinstance(out, (tuple, list)):

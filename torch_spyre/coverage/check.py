@@ -62,10 +62,16 @@ def _stats() -> tuple[dict, dict]:
     from torch_spyre.compiler import wrapper
 
     stats = fb.fallback_stats()
-    host = dict(stats.host)
-    for op, n in wrapper.host_fallback_stats().items():
-        host[op] = host.get(op, 0) + n
-    return host, dict(stats.compile_fallbacks)
+    host: dict[str, int] = {}
+    for op, n in [*stats.host.items(), *wrapper.host_fallback_stats().items()]:
+        host[_op_name(op)] = host.get(_op_name(op), 0) + n
+    return host, {_op_name(op): n for op, n in stats.compile_fallbacks.items()}
+
+
+def _op_name(name: str) -> str:
+    """One spelling for an op counted by the device ("sort.stable") and by the wrapper ("torch.ops.aten.sort.stable")."""
+    name = name.removeprefix("torch.ops.").removeprefix("aten.").removeprefix("aten::")
+    return name.removesuffix(".default")
 
 
 def _reset() -> None:
@@ -137,7 +143,7 @@ def check_model(model_type: str, modes: tuple[str, ...] = MODES, dtype: str = "f
     """Build ``model_type`` and run it in ``modes`` on spyre against the CPU; one record (never raises
     for a model's failure). ``adapters``: None applies the default set when the model moves to spyre,
     ``[]`` none, a list of names exactly those."""
-    import torch_spyre  # noqa: F401 - registers the device
+    from torch_spyre import adapters  # noqa: F401 - importing any part of torch_spyre registers the device
 
     t0 = time.perf_counter()
     family, modality = catalog.classify(model_type) if _known(model_type) else ("other", "other")
@@ -172,10 +178,9 @@ def _known(model_type: str) -> bool:
 
 
 def _on_spyre(model: torch.nn.Module, dtype: str, adapters: list[str] | None) -> torch.nn.Module:
-    try:
-        from torch_spyre import adapters as adapt_mod
-    except ImportError:  # adapters arrive in a later module
-        adapt_mod = None
-    if adapt_mod is not None and adapters is not None:
+    """The model on spyre: adapted automatically as it moves (adapters None), or with exactly ``adapters``."""
+    from torch_spyre import adapters as adapt_mod
+
+    if adapters is not None:
         adapt_mod.adapt(model, adapters=adapters)
     return model.to(getattr(torch, dtype)).to("spyre")
