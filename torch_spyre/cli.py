@@ -219,6 +219,7 @@ def _names(text: str) -> list[str]:
 
 
 def _coverage(args: argparse.Namespace) -> int:
+    import signal
     from pathlib import Path
 
     from rich.console import Console
@@ -233,6 +234,10 @@ def _coverage(args: argparse.Namespace) -> int:
                               workers=args.workers, ray=args.ray, timeout=args.timeout, dtype=args.dtype,
                               adapters=adapters, command="spyre coverage " + " ".join(args.argv))
     console = Console(stderr=True)
+    # Ctrl-C and a plain kill both stop the sweep keeping finished models (a shell starts background jobs
+    # with SIGINT ignored: take it back).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     if opts.ray and opts.ray != "local":
         try:
             runners.check_reachable(opts.ray)

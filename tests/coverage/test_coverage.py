@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,8 +26,8 @@ from torch_spyre.coverage import catalog, check, classify, report, runners, swee
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _spyre(*args, timeout=600):
-    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+def _spyre(*args, timeout=600, env=None):
+    env = dict(env or os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     return subprocess.run([sys.executable, "-m", "torch_spyre.cli", *args], capture_output=True, text=True,
                           env=env, timeout=timeout)
 
@@ -154,10 +158,14 @@ def test_ray_cluster_sweep(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ray_bin = Path(sys.executable).parent / "ray"
+    # Ray's unix sockets live under its temp dir, whose path must stay short (pytest's tmp_path is too long).
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    log = open(tmp_path / "ray-head.log", "w")
+    # Ray's token authentication with a token of this test's own (the user's ~/.ray is left alone).
+    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=uuid.uuid4().hex)
     head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
-                             f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-                             f"--temp-dir={tmp_path / 'ray'}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                             f"--port={port}", "--num-cpus=2", "--include-dashboard=false", f"--temp-dir={ray_tmp}"],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -165,15 +173,18 @@ def test_ray_cluster_sweep(tmp_path):
                 runners.check_reachable(f"127.0.0.1:{port}", timeout=1)
                 break
             except runners.RayUnreachable:
-                assert time.monotonic() < deadline and head.poll() is None, "the Ray head did not start"
+                assert time.monotonic() < deadline and head.poll() is None, (tmp_path / "ray-head.log").read_text()
                 time.sleep(1)
         out = tmp_path / "out"
         done = _spyre("coverage", "--ray", f"127.0.0.1:{port}", "--models", "distilbert,no-such-model",
-                      "--out", str(out))
+                      "--out", str(out), env=env)
         assert done.returncode == 0, done.stderr
         records = {r["model_type"]: r for r in json.loads((out / "coverage.json").read_text())["models"]}
         assert records["distilbert"]["status"] == "pass", records["distilbert"]
         assert records["no-such-model"]["status"] == "not_buildable"
     finally:
-        os.killpg(head.pid, 15)
-        head.wait(timeout=60)
+        if head.poll() is None:
+            os.killpg(head.pid, signal.SIGTERM)  # the head stops the cluster's processes it started
+            head.wait(timeout=120)
+        log.close()
+        shutil.rmtree(ray_tmp, ignore_errors=True)

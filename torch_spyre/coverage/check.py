@@ -143,7 +143,7 @@ def check_model(model_type: str, modes: tuple[str, ...] = MODES, dtype: str = "f
     """Build ``model_type`` and run it in ``modes`` on spyre against the CPU; one record (never raises
     for a model's failure). ``adapters``: None applies the default set when the model moves to spyre,
     ``[]`` none, a list of names exactly those."""
-    from torch_spyre import adapters  # noqa: F401 - importing any part of torch_spyre registers the device
+    from torch_spyre import adapters as _  # noqa: F401 - importing any part of torch_spyre registers the device
 
     t0 = time.perf_counter()
     family, modality = catalog.classify(model_type) if _known(model_type) else ("other", "other")

@@ -125,7 +125,11 @@ def run_ray(model_types: Iterable[str], options: dict, address: str, workers: in
                  runtime_env=runtime_env, log_to_driver=False)
     else:
         check_reachable(address)
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+        try:
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+        except Exception as e:  # noqa: BLE001 - e.g. a token the cluster refuses: one line, not Ray's trace
+            raise RayUnreachable(f"cannot connect to the Ray cluster at {address}: "
+                                 f"{str(e).strip().splitlines()[0][:300]}") from None
     if on_start:
         on_start(f"Ray cluster: {ray.cluster_resources().get('CPU', 0):g} CPUs")
     task = ray.remote(num_cpus=1, max_calls=1, max_retries=0)(run_isolated)
