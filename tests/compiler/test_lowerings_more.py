@@ -306,3 +306,18 @@ if __name__ == "__main__":
         total = sum(us for _, us in kernels)
         print(f"{name}: {total:.1f} µs in {len(kernels)} kernel(s): "
               + ", ".join(f"{k} {us:.1f}" for k, us in kernels))
+
+
+def test_float64_constants_are_computed_in_fp32():
+    """``x * np.sqrt(d)`` (CTRL's embedding scale) and a 0-d float64 tensor give Inductor float64 constants;
+    they used to fail the compile (the card has no float64 unit) and now compute in fp32."""
+    import numpy as np
+
+    check(lambda a: a * np.sqrt(64) + torch.tensor(0.5, dtype=torch.float64), torch.randn(4, 64))
+
+
+def test_float64_math_still_fails_with_a_clear_error():
+    """Only constants are narrowed: a computation asked for in float64 is still refused, not silently fp32."""
+    fresh()
+    with pytest.raises(Exception, match="computes in float64, which the Spyre card cannot compute in"):
+        torch.compile(lambda a: (a.double() * 2).float())(torch.randn(4, 64).to("spyre"))
