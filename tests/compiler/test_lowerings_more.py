@@ -321,3 +321,16 @@ def test_float64_math_still_fails_with_a_clear_error():
     fresh()
     with pytest.raises(Exception, match="computes in float64, which the Spyre card cannot compute in"):
         torch.compile(lambda a: (a.double() * 2).float())(torch.randn(4, 64).to("spyre"))
+
+
+def test_gather_index_that_merges_dims_of_a_host_result():
+    """A MoE router's ``topk`` indices [16, 2] flattened to [32] index the expert weights
+    (transformers' batched_mm experts): the view is contiguous on the host but merges dims of its buffer,
+    so the gather gets a copy (it used to reach code generation as the view and fail)."""
+
+    def route(w, logits):
+        vals, idx = torch.topk(logits, 2, dim=-1)
+        return w[idx.reshape(-1)] * vals.reshape(-1, 1)
+
+    w, logits = torch.randn(8, 64), torch.randn(16, 8)
+    torch.testing.assert_close(run_compiled(route, w, logits), route(w, logits), **TOL[torch.float32])

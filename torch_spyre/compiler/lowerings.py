@@ -174,23 +174,29 @@ def _gather_operand(x, starts_rows: bool = False):
     ``starts_rows``: gathered rows must also start at the first lane of a stick (a row gather moves whole
     sticks), so a view starting inside its buffer's last dim is copied too."""
 
-    # A copy must be frozen contiguous: Inductor would otherwise give a copy kernel the stride order of
-    # what it reads (the transposed order we are copying away from).
-    contiguous = torch_inductor.require_contiguous
     x = torch_inductor.realize_input(x)
     try:
         size, stride = x.get_size(), x.get_stride()
         if torch_inductor.is_reinterpret_view(x) and not _walks_buffer_dims(x):
-            return contiguous(x)
+            return _own_contiguous_copy(x)
         if int(size[-1]) > 1 and int(stride[-1]) != 1:
-            return contiguous(x)
+            return _own_contiguous_copy(x)
         if starts_rows and torch_inductor.is_reinterpret_view(x):
             inner = int(x.data.get_layout().size[-1])
             if int(x.get_layout().offset) % max(inner, 1):
-                return contiguous(x)
+                return _own_contiguous_copy(x)
     except (TypeError, AttributeError, NotImplementedError):  # symbolic sizes: a copy is always readable
-        return contiguous(x)
+        return _own_contiguous_copy(x)
     return x
+
+
+def _own_contiguous_copy(x):
+    """``x`` copied to its own contiguous buffer. The copy must be frozen contiguous: Inductor would otherwise
+    give a copy kernel the stride order of what it reads (the transposed order we are copying away from).
+    A view that is contiguous on the host but merges dims of its buffer (topk's [16, 2] indices seen as
+    [32]) is returned as it is by ``require_contiguous``: it gets a plain copy."""
+    copied = torch_inductor.require_contiguous(x)
+    return torch_inductor.copy_input(x) if copied is x else copied
 
 
 def _lower_cumsum(original):
