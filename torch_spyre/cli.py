@@ -263,6 +263,10 @@ def _coverage(args: argparse.Namespace) -> int:
     console.print(f"eager {p_e}/{n_e} pass, compiled {p_c}/{n_c} pass "
                   f"({len(result.records) - len(report.counted(result.records))} not buildable); "
                   f"{opts.out}/coverage.json, coverage.md, coverage.html")
+    failed = [r["model_type"] for r in report.counted(result.records) if r.get("status") != "pass"]
+    if args.require_pass and failed and not result.interrupted:
+        console.print(f"spyre coverage: --require-pass: {len(failed)} model types failed: {', '.join(sorted(failed))}")
+        return 1
     if result.interrupted:
         console.print(f"interrupted: {result.ran} model types finished this run are saved; run the same command "
                       "again to resume")
@@ -289,6 +293,8 @@ def _add_coverage_parser(sub: argparse._SubParsersAction) -> None:
                      help="the dtype of the model on the card (the CPU reference is float32)")
     cov.add_argument("--adapters", metavar="none|NAME,...",
                      help="adapters to apply ('none' for none; default: the default set)")
+    cov.add_argument("--require-pass", action="store_true",
+                     help="exit 1 when a buildable model fails (CI's smoke sweep)")
     cov.set_defaults(func=_coverage)
 
 

@@ -334,3 +334,12 @@ def test_gather_index_that_merges_dims_of_a_host_result():
 
     w, logits = torch.randn(8, 64), torch.randn(16, 8)
     torch.testing.assert_close(run_compiled(route, w, logits), route(w, logits), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_matrix_vector_products(dtype):
+    """N == 1 (transformers' batched_mm MoE experts: ``bmm(weight, x.unsqueeze(-1))``): a multiply and a sum
+    on the vector unit; the matmul generator cannot write an output whose last dim has one element."""
+    w, x = torch.randn(32, 128, 64, dtype=dtype), torch.randn(32, 64, dtype=dtype)
+    check(lambda w, x: torch.bmm(w, x.unsqueeze(-1)).squeeze(-1), w, x)
+    check(lambda a, v: a @ v, torch.randn(96, 64, dtype=dtype), torch.randn(64, 1, dtype=dtype))

@@ -75,6 +75,8 @@ def _extern(generator: str, label: str, roles: list[str], inputs, size, dtype, p
 def _lower_matmul(kind: str):
     def lower(*args, **kwargs):
         n_in = MATMUL_KINDS[kind]
+        if kind in ("mm", "bmm") and _static_one(args[1].get_size()[-1]):
+            return _matrix_vector(args[0], args[1])
         out_dtype = args[n_in - 1].get_dtype()
         inputs = [_matmul_operand(torch_inductor.realize_input(_pe_dtype(a, i < n_in - 2)))
                   for i, a in enumerate(args[:n_in])]
@@ -89,6 +91,28 @@ def _lower_matmul(kind: str):
         return _extern("matmul", kind, roles, inputs, size, out_dtype, params)
 
     return lower
+
+
+def _static_one(n) -> bool:
+    try:
+        return int(n) == 1
+    except (TypeError, ValueError):
+        return False
+
+
+def _matrix_vector(a, b):
+    """``a @ b`` with N == 1 (a matrix-vector product, e.g. transformers' batched_mm MoE experts
+    ``bmm(weight, x.unsqueeze(-1))``) as a multiply and a sum over K on the vector unit: the output's last
+    dim has one element, so it cannot be the stick dim the matmul generator writes (it failed code
+    generation with "out must be sticked on N"). Computed in fp32, as the card's accumulation is."""
+    rank = len(a.get_size())
+    bt = torch_inductor.permute(b, list(range(rank - 2)) + [rank - 1, rank - 2])  # [..., 1, K]
+    aten = torch.ops.aten
+    prod = torch_inductor.lowering_for(aten.mul.Tensor)(a, bt)  # [..., M, K]
+    if prod.get_dtype() != torch.float32:
+        prod = torch_inductor.to_dtype(prod, torch.float32)
+    out = torch_inductor.lowering_for(aten.sum.dim_IntList)(prod, [rank - 1], True)  # [..., M, 1]
+    return torch_inductor.to_dtype(out, a.get_dtype()) if a.get_dtype() != torch.float32 else out
 
 
 def _pe_dtype(x, is_bias: bool):
