@@ -57,6 +57,8 @@ def test_failure_classes():
     f = classify.failure(NotImplementedError("Could not run 'aten::_foo' with arguments from the 'PrivateUse1' backend"),
                          compiling=False)
     assert f["class"] == "unsupported_op" and f["op"] == "_foo"
+    f = classify.failure(RuntimeError("InductorError: ModelTimeout: the model took longer than 1 s"), compiling=True)
+    assert f["class"] == "timeout"  # the time limit fired inside the compile, which wrapped it
     f = classify.failure(RuntimeError("shapes differ\nsecond line"), compiling=False)
     assert f == {"class": "runtime_error", "detail": "RuntimeError: shapes differ", "op": None}
 

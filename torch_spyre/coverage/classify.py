@@ -32,6 +32,8 @@ def _chain(e: BaseException):
 def failure(e: BaseException, compiling: bool) -> dict:
     """``{"class", "detail", "op"}`` for an exception raised running a model (``compiling``: under torch.compile)."""
     chain = list(_chain(e))
+    if any(type(x).__name__ == "ModelTimeout" for x in chain) or "ModelTimeout:" in str(e):
+        return {"class": "timeout", "detail": first_line(e), "op": None}  # raised inside Dynamo, which wraps it
     text = "\n".join(str(x) for x in chain)
     op = None
     for x in chain:
