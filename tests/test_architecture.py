@@ -29,7 +29,7 @@ RANK = {name: i for i, name in enumerate(LAYERS)}
 LAYER_OF = {
     "errors": "errors", "program": "program", "card": "card", "runtime": "runtime", "profiler": "runtime",
     "_torch": "_torch", "device": "device", "spyre_module": "device", "compiler": "compiler",
-    "jobs": "jobs", "models": "jobs", "serving": "jobs", "adapters": "jobs", "testing": "jobs", "cli": "cli",
+    "jobs": "jobs", "models": "jobs", "serving": "jobs", "adapters": "jobs", "testing": "jobs", "coverage": "jobs", "cli": "cli",
 }
 # Layers with a narrower rule than "anything below": the seam uses nothing of torch_spyre but errors.
 ONLY = {"_torch": {"errors", "_torch"}}

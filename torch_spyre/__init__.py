@@ -27,6 +27,7 @@ _LAZY = {
     "Stream": ("torch_spyre.spyre_module", "Stream"),
     "Event": ("torch_spyre.spyre_module", "Event"),
     "timing_only": ("torch_spyre.runtime.timing_only", "timing_only"),
+    "adapt": ("torch_spyre.adapters", "adapt"),
     "NoDataError": ("torch_spyre.runtime.timing_only", "NoDataError"),
 }
 
@@ -43,11 +44,13 @@ def register() -> None:
     # calls this function again (re-entrantly) and registers the device before we get here.
     import torch  # noqa: F401
 
+    from .adapters import auto
     from .compiler import hooks
     from .device.registration import register as _register
 
     _register()
     hooks.install()
+    auto.install()  # transformers models are adapted when they move to spyre (torch_spyre/adapters/)
 
 
 def _autoload() -> None:

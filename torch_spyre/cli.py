@@ -7,6 +7,8 @@
     spyre estimate        prefill/decode latency, tokens/s and memory of a Hugging Face decoder on the card,
                           from its config alone (--config CONFIG.json or --model NAME; timing-only mode)
     spyre serve DIR       vLLM's OpenAI-compatible server on the card (--host, --port, vLLM's options pass through)
+    spyre coverage        every transformers architecture, shrunken with random weights, eager and compiled on
+                          the card against the CPU (--models, --workers N, --ray ADDRESS|local, --out DIR)
 
 Exit codes: 0 success, 1 the job failed (the message says why), 2 invalid configuration or usage.
 """
@@ -239,6 +241,90 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.set_defaults(func=_serve, parser=serve, passes_through=True)
 
 
+def _names(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _coverage(args: argparse.Namespace) -> int:
+    import signal
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .coverage import report, runners, sweep
+
+    adapters = None if args.adapters is None else ([] if args.adapters == "none" else _names(args.adapters))
+    opts = sweep.SweepOptions(out=Path(args.out), models=_names(args.models) if args.models else None,
+                              families=_names(args.family) if args.family else None,
+                              modalities=_names(args.modality) if args.modality else None,
+                              workers=args.workers, ray=args.ray, timeout=args.timeout, dtype=args.dtype,
+                              adapters=adapters, command="spyre coverage " + " ".join(args.argv))
+    console = Console(stderr=True)
+    # Ctrl-C and a plain kill both stop the sweep keeping finished models (a shell starts background jobs
+    # with SIGINT ignored: take it back).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    if opts.ray and opts.ray != "local":
+        try:
+            runners.check_reachable(opts.ray)
+        except runners.RayUnreachable as e:
+            print(f"spyre coverage: {e}", file=sys.stderr)
+            return 1
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as bar:
+        def progress(total, done):
+            task = bar.add_task("coverage", total=total, completed=done)
+
+            def advance(record):
+                bar.update(task, advance=1, description=f"{record['model_type']}: {record['status']}")
+            return advance
+
+        try:
+            result = sweep.run(opts, progress=progress, log=lambda m: bar.console.print(m))
+        except (runners.RayUnreachable, ValueError) as e:
+            print(f"spyre coverage: {e}", file=sys.stderr)
+            return 1
+    p_e, n_e = report.rate(result.records, "eager")
+    p_c, n_c = report.rate(result.records, "compiled")
+    console.print(f"eager {p_e}/{n_e} pass, compiled {p_c}/{n_c} pass "
+                  f"({len(result.records) - len(report.counted(result.records))} not buildable); "
+                  f"{opts.out}/coverage.json, coverage.md, coverage.html")
+    failed = [r["model_type"] for r in report.counted(result.records) if r.get("status") != "pass"]
+    if args.require_pass and failed and not result.interrupted:
+        console.print(f"spyre coverage: --require-pass: {len(failed)} model types failed: {', '.join(sorted(failed))}")
+        return 1
+    if result.interrupted:
+        console.print(f"interrupted: {result.ran} model types finished this run are saved; run the same command "
+                      "again to resume")
+        return 130
+    return 0
+
+
+def _add_coverage_parser(sub: argparse._SubParsersAction) -> None:
+    cov = sub.add_parser("coverage", help="run transformers architectures on the card against the CPU",
+                         description="Build every model_type of the installed transformers from a shrunken config "
+                                     "(random weights, nothing downloaded), run it eagerly and compiled on the "
+                                     "simulated card and compare with the CPU (cosine >= 0.999 passes). Writes "
+                                     "DIR/coverage.json, coverage.md and coverage.html; resumable.")
+    cov.add_argument("--out", required=True, metavar="DIR", help="output directory (an existing one is resumed)")
+    cov.add_argument("--models", metavar="TYPE,...", help="model types to run (default: all)")
+    cov.add_argument("--family", metavar="F,...", help="keep only these families: encoder, decoder, encoder-decoder")
+    cov.add_argument("--modality", metavar="M,...", help="keep only these modalities: text, vision, audio, multimodal")
+    cov.add_argument("--workers", type=_positive_int, default=1,
+                     help="models run at once (local processes, or the CPUs of a --ray local cluster; default 1)")
+    cov.add_argument("--ray", metavar="ADDRESS|local", help="run one Ray task per model on this cluster "
+                     "(HOST:PORT) or on a local loopback cluster started for the sweep ('local')")
+    cov.add_argument("--timeout", type=float, default=600.0, help="seconds per model (default 600)")
+    cov.add_argument("--dtype", choices=["float32", "float16"], default="float32",
+                     help="the dtype of the model on the card (the CPU reference is float32)")
+    cov.add_argument("--adapters", metavar="none|NAME,...",
+                     help="adapters to apply ('none' for none; default: the default set)")
+    cov.add_argument("--require-pass", action="store_true",
+                     help="exit 1 when a buildable model fails (CI's smoke sweep)")
+    cov.set_defaults(func=_coverage)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spyre", description="torch-spyre: IBM Spyre on a simulated card")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -248,15 +334,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_parser(sub)
     _add_estimate_parser(sub)
     _add_serve_parser(sub)
+    _add_coverage_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "passes_through", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.vllm_args = extra
+    args.argv = argv[1:] if argv[:1] == ["coverage"] else argv
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return 2

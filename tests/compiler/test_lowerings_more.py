@@ -331,3 +331,38 @@ def test_byte_results_and_inputs():
     check(lambda x: x.abs().byte() + 1, x)
     check(lambda b: b.float() * 0.5 + b, torch.randint(0, 256, (3, 200), dtype=torch.uint8,
                                                         generator=torch.Generator().manual_seed(0)))
+def test_float64_constants_are_computed_in_fp32():
+    """``x * np.sqrt(d)`` (CTRL's embedding scale) and a 0-d float64 tensor give Inductor float64 constants;
+    they used to fail the compile (the card has no float64 unit) and now compute in fp32."""
+    import numpy as np
+
+    check(lambda a: a * np.sqrt(64) + torch.tensor(0.5, dtype=torch.float64), torch.randn(4, 64))
+
+
+def test_float64_math_still_fails_with_a_clear_error():
+    """Only constants are narrowed: a computation asked for in float64 is still refused, not silently fp32."""
+    fresh()
+    with pytest.raises(Exception, match="computes in float64, which the Spyre card cannot compute in"):
+        torch.compile(lambda a: (a.double() * 2).float())(torch.randn(4, 64).to("spyre"))
+
+
+def test_gather_index_that_merges_dims_of_a_host_result():
+    """A MoE router's ``topk`` indices [16, 2] flattened to [32] index the expert weights
+    (transformers' batched_mm experts): the view is contiguous on the host but merges dims of its buffer,
+    so the gather gets a copy (it used to reach code generation as the view and fail)."""
+
+    def route(w, logits):
+        vals, idx = torch.topk(logits, 2, dim=-1)
+        return w[idx.reshape(-1)] * vals.reshape(-1, 1)
+
+    w, logits = torch.randn(8, 64), torch.randn(16, 8)
+    torch.testing.assert_close(run_compiled(route, w, logits), route(w, logits), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_matrix_vector_products(dtype):
+    """N == 1 (transformers' batched_mm MoE experts: ``bmm(weight, x.unsqueeze(-1))``): a multiply and a sum
+    on the vector unit; the matmul generator cannot write an output whose last dim has one element."""
+    w, x = torch.randn(32, 128, 64, dtype=dtype), torch.randn(32, 64, dtype=dtype)
+    check(lambda w, x: torch.bmm(w, x.unsqueeze(-1)).squeeze(-1), w, x)
+    check(lambda a, v: a @ v, torch.randn(96, 64, dtype=dtype), torch.randn(64, 1, dtype=dtype))

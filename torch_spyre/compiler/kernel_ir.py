@@ -157,6 +157,11 @@ class RecordingHandler:
 
     # --- values ---------------------------------------------------------------------------------
     def constant(self, value, dtype):
+        # A float64 constant (a numpy scalar such as ``x * np.sqrt(d)``, a 0-d float64 tensor) is kept off the
+        # card's missing float64 unit as fp32: the vector unit computes in fp32, float64 data still fails at
+        # its load or store, and a constant mixed into fp32 math is rounded to fp32 by torch's own promotion.
+        if dtype == torch.float64:
+            dtype = torch.float32
         v = value
         if isinstance(v, float) and (math.isinf(v) or math.isnan(v)):
             v = repr(v)  # JSON-safe: "inf", "-inf", "nan"

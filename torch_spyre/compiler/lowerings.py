@@ -78,6 +78,8 @@ def _lower_matmul(kind: str):
 
     def lower(*args, **kwargs):
         n_in = MATMUL_KINDS[kind]
+        if kind in ("mm", "bmm") and _static_one(args[1].get_size()[-1]):
+            return _matrix_vector(args[0], args[1])
         out_dtype = args[n_in - 1].get_dtype()
         beta = kwargs.get("beta", args[n_in] if len(args) > n_in else 1)
         alpha = kwargs.get("alpha", args[n_in + 1] if len(args) > n_in + 1 else 1)
@@ -111,6 +113,28 @@ def _matmul_extern(kind: str, roles: list[str], inputs: list, alpha, beta, out_d
     size = [*a.get_size()[:-1], b.get_size()[-1]]
     params = {"kind": kind, "alpha": float(alpha), "beta": float(beta)} | params
     return _extern("matmul", kind, roles, inputs, size, out_dtype, params)
+
+
+def _static_one(n) -> bool:
+    try:
+        return int(n) == 1
+    except (TypeError, ValueError):
+        return False
+
+
+def _matrix_vector(a, b):
+    """``a @ b`` with N == 1 (a matrix-vector product, e.g. transformers' batched_mm MoE experts
+    ``bmm(weight, x.unsqueeze(-1))``) as a multiply and a sum over K on the vector unit: the output's last
+    dim has one element, so it cannot be the stick dim the matmul generator writes (it failed code
+    generation with "out must be sticked on N"). Computed in fp32, as the card's accumulation is."""
+    rank = len(a.get_size())
+    bt = torch_inductor.permute(b, list(range(rank - 2)) + [rank - 1, rank - 2])  # [..., 1, K]
+    aten = torch.ops.aten
+    prod = torch_inductor.lowering_for(aten.mul.Tensor)(a, bt)  # [..., M, K]
+    if prod.get_dtype() != torch.float32:
+        prod = torch_inductor.to_dtype(prod, torch.float32)
+    out = torch_inductor.lowering_for(aten.sum.dim_IntList)(prod, [rank - 1], True)  # [..., M, 1]
+    return torch_inductor.to_dtype(out, a.get_dtype()) if a.get_dtype() != torch.float32 else out
 
 
 def _lower_embedding(weight, indices, *args, **kwargs):
@@ -211,25 +235,29 @@ def _gather_operand(x, starts_rows: bool = False):
     ``starts_rows``: gathered rows must also start at the first lane of a stick (a row gather moves whole
     sticks), so a view starting inside its buffer's last dim is copied too."""
 
-    # A copy must be frozen contiguous: Inductor would otherwise give a copy kernel the stride order of
-    # what it reads (the transposed order we are copying away from).
-    contiguous = torch_inductor.require_contiguous
     x = torch_inductor.realize_input(x)
     try:
         size, stride = x.get_size(), x.get_stride()
         if torch_inductor.is_reinterpret_view(x) and not _walks_buffer_dims(x):
-            # a real copy: a view that merges dims (x.flatten()) is already contiguous, so
-            # require_contiguous alone would keep the view
-            return contiguous(torch_inductor.copy_input(x))
+            return _own_contiguous_copy(x)
         if int(size[-1]) > 1 and int(stride[-1]) != 1:
-            return contiguous(x)
+            return _own_contiguous_copy(x)
         if starts_rows and torch_inductor.is_reinterpret_view(x):
             inner = int(x.data.get_layout().size[-1])
             if int(x.get_layout().offset) % max(inner, 1):
-                return contiguous(x)
+                return _own_contiguous_copy(x)
     except (TypeError, AttributeError, NotImplementedError):  # symbolic sizes: a copy is always readable
-        return contiguous(x)
+        return _own_contiguous_copy(x)
     return x
+
+
+def _own_contiguous_copy(x):
+    """``x`` copied to its own contiguous buffer. The copy must be frozen contiguous: Inductor would otherwise
+    give a copy kernel the stride order of what it reads (the transposed order we are copying away from).
+    A view that is contiguous on the host but merges dims of its buffer (topk's [16, 2] indices seen as
+    [32]) is returned as it is by ``require_contiguous``: it gets a plain copy."""
+    copied = torch_inductor.require_contiguous(x)
+    return torch_inductor.copy_input(x) if copied is x else copied
 
 
 def _lower_cumsum(original):

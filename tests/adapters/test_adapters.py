@@ -1,0 +1,78 @@
+"""Adapters: the registry, automatic application on .to("spyre"), opting out, and each adapter's
+equivalence with the stock model on the CPU and on spyre."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.models
+
+import torch_spyre  # noqa: E402
+from torch_spyre import adapters  # noqa: E402
+from torch_spyre.coverage import catalog  # noqa: E402
+
+MOE = "mixtral"  # a grouped_mm MoE decoder (transformers' default experts implementation)
+
+
+def moe_model():
+    built = catalog.build(MOE)
+    assert built.model.get_experts_implementation()[""] == "grouped_mm"
+    return built
+
+
+def test_unknown_adapter_name_is_a_clear_error():
+    with pytest.raises(ValueError, match="no adapter named 'nope'; the adapters are: moe_batched_mm"):
+        adapters.adapt(torch.nn.Linear(2, 2), ["nope"])
+
+
+def test_non_moe_model_gets_no_adapter():
+    model = catalog.build("llama").model.to("spyre")
+    assert model.spyre_adapters == ()
+
+
+def test_applied_automatically_on_to_spyre_and_opt_out():
+    model = moe_model().model
+    assert getattr(model, "spyre_adapters", ()) == ()  # nothing happens on the CPU
+    model.to("spyre")
+    assert model.spyre_adapters == ("moe_batched_mm",)
+    assert model.get_experts_implementation()[""] == "batched_mm"
+    stock = torch_spyre.adapt(moe_model().model, adapters=[])
+    stock.to("spyre")
+    assert stock.spyre_adapters == () and stock.get_experts_implementation()[""] == "grouped_mm"
+
+
+def test_install_works_when_transformers_is_imported_later():
+    code = ("import sys, torch_spyre; assert 'transformers.modeling_utils' not in sys.modules; "
+            "from transformers import PreTrainedModel; print(PreTrainedModel.to._spyre_adapts)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
+
+
+def test_moe_batched_mm_is_equivalent_on_cpu():
+    built = moe_model()
+    ref = catalog.reference(built)
+    adapters.adapt(built.model, ["moe_batched_mm"])
+    assert built.model.spyre_adapters == ("moe_batched_mm",)
+    torch.testing.assert_close(catalog.reference(built), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_moe_batched_mm_fixes_the_eager_spyre_forward():
+    """Before: the stock model fails on spyre (int32 histc on the host). After: it matches the CPU."""
+    built = moe_model()
+    ref = catalog.reference(built)
+    inputs = {k: v.to("spyre") for k, v in built.inputs.items()}
+    stock = torch_spyre.adapt(moe_model().model, adapters=[]).to("spyre")
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="histogram_cpu"):
+        stock(**inputs)
+    with torch.no_grad():
+        out = built.model.to("spyre")(**inputs).logits.cpu()
+    assert built.model.spyre_adapters == ("moe_batched_mm",)
+    # fp32 matmuls on the card round their operands for the PE arrays (docs/numerics.md): a few 1e-4.
+    torch.testing.assert_close(out, ref, atol=3e-3, rtol=1e-2)
+    assert torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0) >= 0.9999

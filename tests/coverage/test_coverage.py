@@ -1,0 +1,192 @@
+"""spyre coverage: building shrunken models, judging and classifying runs, the sweep's files, resume,
+Ctrl-C, and the local and Ray runners (a loopback Ray cluster the test starts itself)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.models
+
+from torch_spyre.coverage import catalog, check, classify, report, runners, sweep  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _spyre(*args, timeout=600, env=None):
+    env = dict(env or os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "torch_spyre.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def test_shrunk_config_and_inputs():
+    built = catalog.build("llama")
+    cfg = built.model.config
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.vocab_size) == (64, 2, 4, 256)
+    assert built.family == "decoder" and built.modality == "text" and built.output == "logits"
+    assert set(built.inputs) == {"input_ids", "attention_mask"} and int(built.inputs["input_ids"].max()) < 256
+    assert catalog.classify("bert") == ("encoder", "text")  # Bert's causal-LM head does not make it a decoder
+    assert catalog.classify("t5")[0] == "encoder-decoder"
+
+
+def test_unknown_model_type_is_not_buildable():
+    record = check.check_model("no-such-model")
+    assert record["status"] == "not_buildable" and "unknown model_type" in record["reason"]
+    assert report.counted([record]) == []
+
+
+def test_failure_classes():
+    from torch_spyre.compiler.kernel_spec import UnsupportedOpError
+
+    f = classify.failure(UnsupportedOpError("no lowering for aten::fft_rfft.default"), compiling=True)
+    assert f == {"class": "unsupported_op", "detail": "UnsupportedOpError: no lowering for aten::fft_rfft.default",
+                 "op": "fft_rfft.default"}
+    f = classify.failure(NotImplementedError("Could not run 'aten::_foo' with arguments from the 'PrivateUse1' backend"),
+                         compiling=False)
+    assert f["class"] == "unsupported_op" and f["op"] == "_foo"
+    f = classify.failure(RuntimeError("InductorError: ModelTimeout: the model took longer than 1 s"), compiling=True)
+    assert f["class"] == "timeout"  # the time limit fired inside the compile, which wrapped it
+    f = classify.failure(RuntimeError("shapes differ\nsecond line"), compiling=False)
+    assert f == {"class": "runtime_error", "detail": "RuntimeError: shapes differ", "op": None}
+
+
+def test_numerics_are_judged_by_cosine():
+    built = catalog.Built("x", torch.nn.Identity(), {}, "decoder", "text", output="logits")
+    ref = torch.randn(2, 8, 16)
+    close = check._judge(built, ref, {"logits": ref + 1e-4 * torch.randn_like(ref)})
+    assert close["status"] == "pass" and close["cosine"] > 0.999 and close["greedy_match"] is True
+    far = check._judge(built, ref, {"logits": ref + torch.randn_like(ref)})
+    assert far["status"] == "fail" and far["failure"]["class"] == "numerics" and "cosine" in far["failure"]["detail"]
+
+
+def test_model_timeout_is_a_classified_failure():
+    record = check.check_model("llama", timeout=0.01)
+    assert record["status"] == "fail" and record["failure"]["class"] == "timeout"
+
+
+def _fake_records(*types):
+    return [{"model_type": t, "family": "encoder", "modality": "text", "status": "pass",
+             "eager": {"status": "pass", "cosine": 1.0, "latency_ms": 1.0, "host_ops": {}, "compile_fallbacks": {}},
+             "compiled": {"status": "pass", "cosine": 1.0, "latency_ms": 0.5, "host_ops": {"aten::x": 1},
+                          "compile_fallbacks": {}}} for t in types]
+
+
+def test_resume_runs_only_what_is_missing(tmp_path, monkeypatch):
+    opts = sweep.SweepOptions(out=tmp_path, models=["bert", "gpt2", "no-such-model"])
+    sweep.save(tmp_path / "coverage.json", _fake_records("bert", "gpt2"), opts)
+    asked = []
+
+    def fake_local(types, options, workers):
+        asked.extend(types)
+        yield from _fake_records(*types)
+
+    monkeypatch.setattr(runners, "run_local", fake_local)
+    result = sweep.run(opts, log=lambda m: None)
+    assert asked == ["no-such-model"] and result.skipped == 2 and result.ran == 1
+    data = json.loads((tmp_path / "coverage.json").read_text())
+    assert [r["model_type"] for r in data["models"]] == ["bert", "gpt2", "no-such-model"]
+    assert (tmp_path / "coverage.md").read_text().startswith("# Model coverage")
+    assert "data:image/png;base64," in (tmp_path / "coverage.html").read_text()
+
+
+def test_ctrl_c_keeps_finished_models(tmp_path, monkeypatch):
+    def interrupted(types, options, workers):
+        yield _fake_records(types[0])[0]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runners, "run_local", interrupted)
+    result = sweep.run(sweep.SweepOptions(out=tmp_path, models=["bert", "gpt2"]), log=lambda m: None)
+    assert result.interrupted and result.ran == 1
+    assert [r["model_type"] for r in json.loads((tmp_path / "coverage.json").read_text())["models"]] == ["bert"]
+
+
+def test_report_rates_and_missing_ops():
+    records = _fake_records("a", "b") + [{"model_type": "c", "family": "decoder", "modality": "text", "status": "fail",
+                                          "failure": {"class": "crash", "detail": "exit -9", "op": None}},
+                                         {"model_type": "d", "status": "not_buildable", "reason": "no"}]
+    assert report.rate(records, "compiled") == (2, 3)
+    assert report.failure_classes(records, "compiled") == {"crash": 1}
+    assert report.missing_ops(records) == {"aten::x": 2}
+    md = report.markdown(records, "spyre coverage --out X")
+    assert "| **all** | | 3 | 2/3 (66.7%) | 2/3 (66.7%) |" in md and "spyre coverage --out X" in md
+
+
+def test_crashing_worker_becomes_a_crash_record(monkeypatch):
+    monkeypatch.setattr(runners, "MARK", "@@never@@ ")  # the worker's output is not found: as if it died
+    record = runners.run_isolated("no-such-model", {"timeout": 60})
+    assert record["status"] == "fail" and record["failure"]["class"] == "crash"
+    assert "exited with code 0" in record["failure"]["detail"]
+
+
+def test_unreachable_ray_address_fails_with_one_line(tmp_path):
+    with socket.socket() as s:  # a free port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = _spyre("coverage", "--ray", f"127.0.0.1:{port}", "--models", "bert", "--out", str(tmp_path), timeout=120)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"spyre coverage: cannot reach the Ray cluster at 127.0.0.1:{port}")
+    assert not (tmp_path / "coverage.json").exists()
+
+
+@pytest.mark.slow
+def test_local_workers_sweep(tmp_path):
+    done = _spyre("coverage", "--models", "bert,no-such-model", "--workers", "2", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    records = {r["model_type"]: r for r in json.loads((tmp_path / "coverage.json").read_text())["models"]}
+    bert = records["bert"]
+    assert bert["status"] == "pass" and bert["compiled"]["cosine"] >= 0.999 and bert["compiled"]["latency_ms"] > 0
+    assert records["no-such-model"]["status"] == "not_buildable"
+
+
+@pytest.mark.slow
+def test_ray_cluster_sweep(tmp_path):
+    """A loopback Ray cluster started here (``ray start --head --block``, stopped by its pid) runs the sweep."""
+    pytest.importorskip("ray")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray_bin = Path(sys.executable).parent / "ray"
+    # Ray's unix sockets live under its temp dir, whose path must stay short (pytest's tmp_path is too long).
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    log = open(tmp_path / "ray-head.log", "w")
+    # Ray's token authentication with a token of this test's own (the user's ~/.ray is left alone).
+    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=uuid.uuid4().hex)
+    head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+                             f"--port={port}", "--num-cpus=2", "--include-dashboard=false", f"--temp-dir={ray_tmp}"],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                runners.check_reachable(f"127.0.0.1:{port}", timeout=1)
+                break
+            except runners.RayUnreachable:
+                assert time.monotonic() < deadline and head.poll() is None, (tmp_path / "ray-head.log").read_text()
+                time.sleep(1)
+        out = tmp_path / "out"
+        done = _spyre("coverage", "--ray", f"127.0.0.1:{port}", "--models", "distilbert,no-such-model",
+                      "--out", str(out), env=env)
+        assert done.returncode == 0, done.stderr
+        records = {r["model_type"]: r for r in json.loads((out / "coverage.json").read_text())["models"]}
+        assert records["distilbert"]["status"] == "pass", records["distilbert"]
+        assert records["no-such-model"]["status"] == "not_buildable"
+    finally:
+        if head.poll() is None:
+            os.killpg(head.pid, signal.SIGTERM)  # the head stops the cluster's processes it started
+            head.wait(timeout=120)
+        log.close()
+        shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -1,0 +1,256 @@
+"""Every ``model_type`` of the installed transformers, built offline from a shrunken config.
+
+A model is built from its config class's defaults with the size fields shrunk (hidden 64, 2 layers,
+4 heads, vocab 256, ...; every sub-config too), random weights and synthesised inputs of the kind its
+``main_input_name`` asks for (token ids, pixel values, audio samples or features). Nothing is downloaded.
+
+A model type that cannot be built this way (no model class, a config whose defaults need a checkpoint,
+inputs we cannot synthesise, a CPU forward that fails) is :class:`NotBuildable`: reported, not counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+SEQ_LEN = 8
+BATCH = 2
+HIDDEN = 64
+
+# Size fields and their shrunken values (set only where the config has the field).
+_SHRINK: dict[str, Any] = {
+    **dict.fromkeys(["hidden_size", "d_model", "n_embd", "embed_dim", "dim", "word_embed_proj_dim",
+                     "embedding_size", "projection_dim", "text_embed_dim", "vision_embed_dim",
+                     "hidden_dim"], HIDDEN),
+    **dict.fromkeys(["intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner",
+                     "moe_intermediate_size", "shared_expert_intermediate_size"], 2 * HIDDEN),
+    **dict.fromkeys(["num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers",
+                     "decoder_layers", "num_decoder_layers", "num_encoder_layers"], 2),
+    **dict.fromkeys(["num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
+                     "decoder_attention_heads"], 4),
+    **dict.fromkeys(["num_key_value_heads", "n_kv_heads", "num_kv_heads"], 2),
+    "head_dim": 16,
+    **dict.fromkeys(["vocab_size", "n_vocab"], 256),
+    **dict.fromkeys(["num_experts", "num_local_experts", "n_routed_experts"], 4),
+    **dict.fromkeys(["num_experts_per_tok", "moe_topk", "top_k"], 2),
+    **dict.fromkeys(["max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length"], 128),
+}
+_TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
+                    "cls_token_id", "mask_token_id", "unk_token_id")
+
+
+class NotBuildable(Exception):
+    """The model type cannot be built offline from a shrunken config (not counted in pass rates)."""
+
+
+@dataclass
+class Built:
+    model_type: str
+    model: torch.nn.Module
+    inputs: dict[str, torch.Tensor]
+    family: str  # encoder | decoder | encoder-decoder | other
+    modality: str  # text | vision | audio | multimodal | other
+    output: str = "last_hidden_state"  # what is compared: "logits" or "last_hidden_state"
+    class_name: str = ""
+    config_changes: dict[str, Any] = field(default_factory=dict)
+
+
+def _mappings():
+    from transformers.models.auto import modeling_auto as ma
+
+    return ma
+
+
+def model_types() -> list[str]:
+    """Every model type of the installed transformers that has a model class, sorted."""
+    ma = _mappings()
+    return sorted(ma.MODEL_MAPPING_NAMES)
+
+
+_AUDIO = ("MODEL_FOR_CTC_MAPPING_NAMES", "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
+          "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", "MODEL_FOR_AUDIO_XVECTOR_MAPPING_NAMES",
+          "MODEL_FOR_AUDIO_FRAME_CLASSIFICATION_MAPPING_NAMES", "MODEL_FOR_TEXT_TO_WAVEFORM_MAPPING_NAMES",
+          "MODEL_FOR_TEXT_TO_SPECTROGRAM_MAPPING_NAMES")
+_MULTIMODAL = ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "MODEL_FOR_VISUAL_QUESTION_ANSWERING_MAPPING_NAMES",
+               "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES", "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+               "MODEL_FOR_DOCUMENT_QUESTION_ANSWERING_MAPPING_NAMES", "MODEL_FOR_ZERO_SHOT_OBJECT_DETECTION_MAPPING_NAMES")
+_VISION = ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "MODEL_FOR_IMAGE_MAPPING_NAMES",
+           "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES", "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+           "MODEL_FOR_BACKBONE_MAPPING_NAMES", "MODEL_FOR_VIDEO_CLASSIFICATION_MAPPING_NAMES",
+           "MODEL_FOR_DEPTH_ESTIMATION_MAPPING_NAMES", "MODEL_FOR_MASKED_IMAGE_MODELING_MAPPING_NAMES",
+           "MODEL_FOR_IMAGE_SEGMENTATION_MAPPING_NAMES", "MODEL_FOR_UNIVERSAL_SEGMENTATION_MAPPING_NAMES")
+_TEXT = ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+         "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+         "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+         "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES")
+
+
+def _in(model_type: str, names: tuple[str, ...]) -> bool:
+    ma = _mappings()
+    return any(model_type in getattr(ma, n, {}) for n in names)
+
+
+def classify(model_type: str) -> tuple[str, str]:
+    """``(family, modality)`` of a model type, from the auto mappings that list it."""
+    ma = _mappings()
+    if _in(model_type, _AUDIO):
+        modality = "audio"
+    elif _in(model_type, _MULTIMODAL):
+        modality = "multimodal"
+    elif _in(model_type, _VISION):
+        modality = "vision"
+    elif _in(model_type, _TEXT):
+        modality = "text"
+    else:
+        modality = "other"
+    if model_type in ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES or model_type in ma.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
+        family = "encoder-decoder"
+    elif model_type in ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        family = "encoder"  # Bert and its kin also have a causal-LM head; masked LM makes them encoders
+    elif model_type in ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        family = "decoder"
+    elif modality == "text":
+        family = "encoder"
+    elif modality in ("vision", "audio"):
+        family = "encoder"
+    else:
+        family = "other"
+    return family, modality
+
+
+def _shrunk_kwargs(cfg) -> dict[str, Any]:
+    """Constructor overrides that shrink ``cfg`` (a config instance with its defaults), sub-configs included."""
+    from transformers import PretrainedConfig
+
+    out: dict[str, Any] = {}
+    values = cfg.to_dict()
+    for key, value in _SHRINK.items():
+        if key in values and isinstance(values[key], int) and not isinstance(values[key], bool) and values[key] > value:
+            out[key] = value
+    # A vocab of 256 must still hold the special token ids.
+    if "vocab_size" in out:
+        for key in _TOKEN_ID_FIELDS:
+            v = values.get(key)
+            if isinstance(v, int) and v >= out["vocab_size"]:
+                out[key] = min(out["vocab_size"] - 1, 2)
+    if isinstance(values.get("layer_types"), list) and "num_hidden_layers" in out:
+        out["layer_types"] = values["layer_types"][: out["num_hidden_layers"]]
+    for key in ("image_size",):
+        size, patch = values.get(key), values.get("patch_size")
+        if isinstance(size, int) and isinstance(patch, int) and size > 64 and 64 % patch == 0:
+            out[key] = 64
+    for key in list(values):
+        sub = getattr(cfg, key, None)
+        if isinstance(sub, PretrainedConfig):
+            sub_kwargs = _shrunk_kwargs(sub)
+            out[key] = {**sub.to_dict(), **sub_kwargs}
+    return out
+
+
+def shrunk_config(model_type: str):
+    """The config of ``model_type`` with its size fields shrunk; NotBuildable when it cannot be made."""
+    from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        raise NotBuildable(f"unknown model_type {model_type!r} (not in this transformers' CONFIG_MAPPING)")
+    cls = CONFIG_MAPPING[model_type]
+    try:
+        default = cls()
+        kwargs = _shrunk_kwargs(default)
+        cfg = cls(**kwargs)
+    except Exception as e:  # noqa: BLE001 - any failure to make the config means "cannot shrink"
+        raise NotBuildable(f"config cannot be shrunk: {type(e).__name__}: {_first_line(e)}") from None
+    return cfg, kwargs
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__
+
+
+def _model_class(model_type: str, family: str):
+    ma = _mappings()
+    import transformers
+
+    order = {"decoder": ["MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"],
+             "encoder-decoder": ["MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"]}.get(family, [])
+    for mapping in order + ["MODEL_MAPPING_NAMES"]:
+        name = getattr(ma, mapping).get(model_type)
+        if isinstance(name, (tuple, list)):
+            name = name[0]
+        if name and hasattr(transformers, name):
+            return getattr(transformers, name), mapping != "MODEL_MAPPING_NAMES"
+    raise NotBuildable(f"no model class for {model_type!r} in this transformers")
+
+
+def _inputs(model, cfg, family: str) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    name = getattr(model, "main_input_name", "input_ids")
+    if name == "input_ids":
+        vocab = getattr(cfg.get_text_config(), "vocab_size", None) or 256
+        low = min(4, vocab - 1)
+        ids = torch.randint(low, vocab, (BATCH, SEQ_LEN), generator=gen)
+        out = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if family == "encoder-decoder":
+            out["decoder_input_ids"] = ids[:, : SEQ_LEN // 2].clone()
+        return out
+    if name == "pixel_values":
+        vc = getattr(cfg, "vision_config", None) or cfg
+        size = getattr(vc, "image_size", 64)
+        size = size[0] if isinstance(size, (list, tuple)) else size
+        channels = getattr(vc, "num_channels", 3)
+        return {"pixel_values": torch.randn(1, channels, size, size, generator=gen)}
+    if name == "input_values":
+        return {"input_values": torch.randn(1, 1600, generator=gen)}
+    if name == "input_features":
+        bins = getattr(cfg, "num_mel_bins", 80)
+        frames = 2 * getattr(cfg, "max_source_positions", 1500)
+        out = {"input_features": torch.randn(1, bins, min(frames, 3000), generator=gen)}
+        if family == "encoder-decoder":
+            out["decoder_input_ids"] = torch.tensor([[1, 2]])
+        return out
+    raise NotBuildable(f"cannot synthesise the input {name!r}")
+
+
+def build(model_type: str, seed: int = 0) -> Built:
+    """The shrunken model in eval mode (fp32, CPU) with inputs whose CPU forward works."""
+    family, modality = classify(model_type)
+    cfg, changes = shrunk_config(model_type)
+    cls, with_head = _model_class(model_type, family)
+    torch.manual_seed(seed)
+    try:
+        model = cls(cfg).eval()
+    except Exception as e:  # noqa: BLE001
+        raise NotBuildable(f"model cannot be built: {type(e).__name__}: {_first_line(e)}") from None
+    inputs = _inputs(model, cfg, family)
+    output = "logits" if with_head else "last_hidden_state"
+    built = Built(model_type, model, inputs, family, modality, output, cls.__name__, changes)
+    try:
+        reference(built)
+    except Exception as e:  # noqa: BLE001
+        raise NotBuildable(f"CPU forward fails: {type(e).__name__}: {_first_line(e)}") from None
+    return built
+
+
+def compared(built: Built, out: Any) -> torch.Tensor:
+    """The tensor a run is judged by: the logits or the last hidden state (else the first tensor output)."""
+    if isinstance(out, dict):  # transformers' ModelOutput is a dict too
+        value = out.get(built.output)
+    else:
+        value = getattr(out, built.output, None) if not isinstance(out, (tuple, list)) else None
+    if value is None and hasattr(out, "to_tuple"):
+        value = next((v for v in out.to_tuple() if isinstance(v, torch.Tensor)), None)
+    if value is None and isinstance(out, (tuple, list)):
+        value = next((v for v in out if isinstance(v, torch.Tensor)), None)
+    if value is None and isinstance(out, torch.Tensor):
+        value = out
+    if not isinstance(value, torch.Tensor):
+        raise NotBuildable(f"the model returned no tensor to compare ({type(out).__name__})")
+    return value
+
+
+def reference(built: Built) -> torch.Tensor:
+    with torch.no_grad():
+        return compared(built, built.model(**built.inputs)).float()

@@ -1,0 +1,172 @@
+"""The sweep's markdown summary and HTML report (plots by matplotlib, embedded as PNG), from the records."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections import Counter, defaultdict
+from pathlib import Path
+
+MODES = ("eager", "compiled")
+
+
+def counted(records: list[dict]) -> list[dict]:
+    """Records that count in pass rates: every model that could be built on the CPU."""
+    return [r for r in records if r.get("status") != "not_buildable"]
+
+
+def mode_status(record: dict, mode: str) -> str:
+    """"pass" / "fail" / "-" (not run) of one mode; a model-level failure (timeout, crash) fails every mode."""
+    if mode in record:
+        return record[mode]["status"]
+    return "fail" if record.get("failure") else "-"
+
+
+def failure_of(record: dict, mode: str) -> dict | None:
+    if mode in record:
+        return record[mode].get("failure")
+    return record.get("failure")
+
+
+def rate(records: list[dict], mode: str) -> tuple[int, int]:
+    ran = [r for r in counted(records) if mode_status(r, mode) != "-"]
+    return sum(mode_status(r, mode) == "pass" for r in ran), len(ran)
+
+
+def _pct(p: int, n: int) -> str:
+    return f"{p}/{n} ({100 * p / n:.1f}%)" if n else "0/0"
+
+
+def groups(records: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    out: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in counted(records):
+        out[(r.get("modality", "other"), r.get("family", "other"))].append(r)
+    return dict(sorted(out.items()))
+
+
+def failure_classes(records: list[dict], mode: str) -> Counter:
+    return Counter(f["class"] for r in counted(records) if (f := failure_of(r, mode)))
+
+
+def missing_ops(records: list[dict]) -> Counter:
+    """Ops by the number of model types that ran them on the host or failed on them (compiled, else eager)."""
+    ops: Counter = Counter()
+    for r in counted(records):
+        names = set()
+        for mode in MODES:
+            if mode in r:
+                names |= set(r[mode].get("host_ops", {})) | set(r[mode].get("compile_fallbacks", {}))
+                f = r[mode].get("failure")
+                if f and f.get("op"):
+                    names.add(f["op"])
+        ops.update(names)
+    return ops
+
+
+def _fmt(x, digits=6) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def markdown(records: list[dict], command: str = "") -> str:
+    total, built = len(records), len(counted(records))
+    lines = ["# Model coverage on the simulated Spyre card", ""]
+    if command:
+        lines += ["Regenerate with:", "", "```bash", command, "```", ""]
+    lines += [f"{total} model types swept; {built} could be built offline from a shrunken config (random weights) "
+              f"and count; {total - built} could not (listed at the end, not counted). A mode passes when the "
+              f"cosine of its logits or last hidden state with the CPU's (fp32) is >= 0.999.", ""]
+    lines += ["| modality | family | models | eager pass | compiled pass |", "|---|---|---|---|---|"]
+    for (modality, family), rs in groups(records).items():
+        lines.append(f"| {modality} | {family} | {len(rs)} | {_pct(*rate(rs, 'eager'))} | {_pct(*rate(rs, 'compiled'))} |")
+    lines.append(f"| **all** | | {built} | {_pct(*rate(records, 'eager'))} | {_pct(*rate(records, 'compiled'))} |")
+    lines += ["", "## Failure classes", "", "| class | eager | compiled |", "|---|---|---|"]
+    fe, fc = failure_classes(records, "eager"), failure_classes(records, "compiled")
+    for cls in sorted(set(fe) | set(fc)):
+        lines.append(f"| {cls} | {fe.get(cls, 0)} | {fc.get(cls, 0)} |")
+    ops = missing_ops(records)
+    if ops:
+        lines += ["", "## Ops run on the host or missing (model types using each)", "",
+                  "| op | model types |", "|---|---|"]
+        lines += [f"| `{op}` | {n} |" for op, n in ops.most_common(25)]
+    lines += ["", "## Per model", "",
+              "| model_type | modality | family | eager | compiled | cosine (compiled) | simulated ms (compiled) "
+              "| host ops | adapters | failure |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(counted(records), key=lambda r: r["model_type"]):
+        comp = r.get("compiled", {})
+        f = failure_of(r, "compiled") or failure_of(r, "eager")
+        host = sorted(set(comp.get("host_ops", {})) | set(r.get("eager", {}).get("host_ops", {})))
+        why = f"{f['class']}: {f['detail']}" if f else ""
+        lines.append(f"| {r['model_type']} | {r.get('modality')} | {r.get('family')} | {mode_status(r, 'eager')} "
+                     f"| {mode_status(r, 'compiled')} | {_fmt(comp.get('cosine'))} | {_fmt(comp.get('latency_ms'), 3)} "
+                     f"| {', '.join(host)} | {', '.join(r.get('adapters', []))} | {_cell(why)} |")
+    nb = [r for r in records if r.get("status") == "not_buildable"]
+    if nb:
+        lines += ["", "## Not buildable (not counted)", "", "| model_type | reason |", "|---|---|"]
+        lines += [f"| {r['model_type']} | {_cell(r.get('reason', ''))} |" for r in sorted(nb, key=lambda r: r["model_type"])]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")[:200]
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def plots(records: list[dict]) -> list[tuple[str, str]]:
+    """(title, base64 PNG): pass rate per family and modality, latency distribution, most common missing ops."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    g = groups(records)
+    if g:
+        fig, ax = plt.subplots(figsize=(8, 0.45 * len(g) + 1.2))
+        labels = [f"{m} / {f} ({len(rs)})" for (m, f), rs in g.items()]
+        for k, mode in enumerate(MODES):
+            vals = [100 * p / n if n else 0 for p, n in (rate(rs, mode) for rs in g.values())]
+            ax.barh([i + 0.4 * k for i in range(len(g))], vals, height=0.4, label=mode)
+        ax.set_yticks([i + 0.2 for i in range(len(g))], labels)
+        ax.set_xlabel("pass rate (%)")
+        ax.set_xlim(0, 100)
+        ax.legend()
+        out.append(("Pass rate per modality and family", _png(fig)))
+        plt.close(fig)
+    lat = [r["compiled"]["latency_ms"] for r in counted(records)
+           if r.get("compiled", {}).get("latency_ms") is not None]
+    if lat:
+        fig, ax = plt.subplots(figsize=(7, 3))
+        ax.hist(lat, bins=min(30, max(5, len(lat) // 2)))
+        ax.set_xlabel("simulated device time of one compiled forward (ms)")
+        ax.set_ylabel("model types")
+        out.append(("Latency distribution (compiled, simulated)", _png(fig)))
+        plt.close(fig)
+    ops = missing_ops(records).most_common(15)
+    if ops:
+        fig, ax = plt.subplots(figsize=(7, 0.35 * len(ops) + 1))
+        ax.barh([o for o, _ in ops][::-1], [n for _, n in ops][::-1])
+        ax.set_xlabel("model types")
+        out.append(("Most common ops run on the host or missing", _png(fig)))
+        plt.close(fig)
+    return out
+
+
+def html_report(records: list[dict], command: str = "") -> str:
+    """The HTML report: the plots, then the markdown summary's tables as preformatted text."""
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>Spyre model coverage</title></head><body>",
+             "<h1>Model coverage on the simulated Spyre card</h1>"]
+    for title, png in plots(records):
+        parts.append(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='data:image/png;base64,{png}'>")
+    parts.append("<h2>Summary</h2><pre>" + html.escape(markdown(records, command)) + "</pre></body></html>")
+    return "\n".join(parts)
+
+
+def write(out: Path, records: list[dict], command: str = "") -> None:
+    (out / "coverage.md").write_text(markdown(records, command))
+    (out / "coverage.html").write_text(html_report(records, command))
