@@ -153,6 +153,8 @@ def check_model(model_type: str, modes: tuple[str, ...] = MODES, dtype: str = "f
             try:
                 built = catalog.build(model_type)
             except catalog.NotBuildable as e:
+                if _caused_by_timeout(e):  # the budget ran out while building: a timeout, not unbuildable
+                    raise ModelTimeout(f"the model took longer than {timeout:g} s (while building it)") from e
                 record.update(status="not_buildable", reason=str(e))
                 return record
             record.update({"class": built.class_name})
@@ -169,6 +171,16 @@ def check_model(model_type: str, modes: tuple[str, ...] = MODES, dtype: str = "f
         record["status"] = "pass" if all(record[m]["status"] == "pass" for m in modes) else "fail"
     record["host_seconds"] = round(time.perf_counter() - t0, 2)
     return record
+
+
+def _caused_by_timeout(e: BaseException) -> bool:
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, ModelTimeout):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _known(model_type: str) -> bool:

