@@ -7,6 +7,7 @@ batch, so a step mixes prefill chunks and decode sequences and the decode group 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 
 import pytest
@@ -31,7 +32,48 @@ def models(tmp_path_factory):
     return out
 
 
+def _model_classes():
+    import transformers
+
+    seen, todo = set(), [transformers.PreTrainedModel]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                todo.append(sub)
+    return seen
+
+
+@contextlib.contextmanager
+def transformers_classes_restored():
+    """Undo vLLM's in-place decoration of Hugging Face classes when the LLM is gone.
+
+    vLLM's transformers backend applies ``support_torch_compile`` to the HF decoder class itself (it adds a
+    base class and wraps ``__init__``), so once an in-process ``LLM(model_impl="transformers")`` ran, building
+    that class outside vLLM raises "Current vLLM config is not set", in this test module and in every later
+    test of the same pytest worker (``spyre estimate``'s tests build Granite and Llama models).
+    """
+    before = {c: (c.__bases__, dict(vars(c))) for c in _model_classes()}
+    try:
+        yield
+    finally:
+        for cls in _model_classes() & before.keys():
+            bases, attrs = before[cls]
+            if cls.__bases__ != bases:
+                cls.__bases__ = bases
+            for name in vars(cls).keys() - attrs.keys():
+                delattr(cls, name)
+            for name, value in attrs.items():
+                if vars(cls).get(name) is not value:
+                    setattr(cls, name, value)
+
+
 def run_llm(path, model_impl: str) -> list[list[int]]:
+    with transformers_classes_restored():
+        return _run_llm(path, model_impl)
+
+
+def _run_llm(path, model_impl: str) -> list[list[int]]:
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=str(path), skip_tokenizer_init=True, dtype="float16", max_model_len=128, max_num_seqs=4,
@@ -43,6 +85,16 @@ def run_llm(path, model_impl: str) -> list[list[int]]:
     finally:
         del llm
         gc.collect()
+
+
+@pytest.mark.slow
+@pytest.mark.models
+def test_transformers_classes_are_restored_after_a_transformers_backend_run(models):
+    import transformers
+
+    path, _ = models["qwen3"]
+    run_llm(path, "transformers")
+    transformers.AutoModelForCausalLM.from_config(tiny_models.config("qwen3"))  # raised once vLLM decorated it
 
 
 @pytest.mark.slow
