@@ -40,9 +40,9 @@ def compiler_fingerprint() -> str:
     """Part of Inductor's FX-graph cache key for every graph (through the device's custom pass uuid): a
     hash of the compiler's sources, so a cached wrapper never outlives the compiler that wrote it, and of
     the card configuration, so a wrapper compiled for one card (its core count, scratchpad, stick size)
-    is never served for another. Input layouts are not in the key because nothing cached depends on
-    them: programs are generated from the cached kernel specs at run time, per placement (stick layout,
-    storage offset) of the bound tensors."""
+    is never served for another, and of the optimizations switched off. Input layouts are not in the key
+    because nothing cached depends on them: programs are generated from the cached kernel specs at run
+    time, per placement (stick layout, storage offset) of the bound tensors."""
     import hashlib
     import pathlib
 
@@ -56,8 +56,10 @@ def compiler_fingerprint() -> str:
             h.update(str(path.relative_to(root)).encode())
             h.update(path.read_bytes())
         _SOURCES_HASH = h.hexdigest()
+    from . import optimizations
+
     card = hashlib.sha256(cards.config().model_dump_json().encode()).hexdigest()
-    return f"{_SOURCES_HASH}-card-{card[:16]}"
+    return f"{_SOURCES_HASH}-card-{card[:16]}-off-{optimizations.fingerprint()}"
 
 
 def _make_version_pass():

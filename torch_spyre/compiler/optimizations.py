@@ -1,0 +1,78 @@
+"""The compiler's optimizations by name, each of which can be switched off.
+
+Every optimization the compiler makes on top of a plain correct program has a name here, so that its effect is
+measured rather than remembered (``benchmarks/seed.py`` times each one off and on) and so that a user who
+suspects one can turn it off:
+
+- in code: ``with torch_spyre.compiler.optimizations.disabled("matmul_tiling"): ...``;
+- in the environment: ``TORCH_SPYRE_DISABLE=matmul_tiling,ring_sharing``.
+
+A generator asks :func:`enabled` when it decides. The set of disabled optimizations is part of the compiler's
+cache key (:func:`fingerprint`), so a program compiled with one off is never served with it on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+
+ENV = "TORCH_SPYRE_DISABLE"
+
+#: name -> what switching it off does. Add a name here before asking ``enabled`` for it.
+KNOWN: dict[str, str] = {
+    "matmul_tiling": "matmul takes the first valid tiling and layout instead of searching for the fastest",
+    "scratchpad_planning": "kernels keep operands in device memory instead of planning scratchpad residency",
+    "ring_sharing": "every core loads its own matmul operands instead of sharing tiles over the ring",
+    "matmul_epilogue": "bias, activation and residual after a matmul run as separate pointwise kernels",
+    "fused_mlp": "an MLP runs as separate matmul and pointwise kernels",
+    "onchip_relayout": "a relayout between fused kernels goes through device memory instead of the ring",
+}
+
+_local = threading.local()
+
+
+class UnknownOptimizationError(ValueError):
+    pass
+
+
+def _check(names: tuple[str, ...] | list[str], where: str) -> frozenset[str]:
+    unknown = sorted(set(names) - KNOWN.keys())
+    if unknown:
+        raise UnknownOptimizationError(
+            f"unknown optimization {', '.join(map(repr, unknown))} in {where}; known ones: {', '.join(sorted(KNOWN))}")
+    return frozenset(names)
+
+
+def _from_env() -> frozenset[str]:
+    raw = os.environ.get(ENV, "")
+    return _check([n.strip() for n in raw.split(",") if n.strip()], f"${ENV}")
+
+
+def disabled_set() -> frozenset[str]:
+    """The optimizations switched off here and now: the environment's and every enclosing :func:`disabled`."""
+    return _from_env() | getattr(_local, "disabled", frozenset())
+
+
+def enabled(name: str) -> bool:
+    if name not in KNOWN:
+        raise UnknownOptimizationError(f"unknown optimization {name!r}; known ones: {', '.join(sorted(KNOWN))}")
+    return name not in disabled_set()
+
+
+@contextlib.contextmanager
+def disabled(*names: str) -> Iterator[None]:
+    """Switch the named optimizations off inside the block (this thread only)."""
+    extra = _check(names, "disabled()")
+    before = getattr(_local, "disabled", frozenset())
+    _local.disabled = before | extra
+    try:
+        yield
+    finally:
+        _local.disabled = before
+
+
+def fingerprint() -> str:
+    """The disabled set as it enters the compiler's cache key."""
+    return ",".join(sorted(disabled_set()))
