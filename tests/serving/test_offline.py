@@ -97,6 +97,33 @@ def test_transformers_classes_are_restored_after_a_transformers_backend_run(mode
     transformers.AutoModelForCausalLM.from_config(tiny_models.config("qwen3"))  # raised once vLLM decorated it
 
 
+def _sim_metrics(model_name: str) -> dict[str, float]:
+    """This process's simulated-time series of one served model (the engine runs in-process here)."""
+    from prometheus_client import REGISTRY
+
+    from torch_spyre.serving import sim_metrics
+
+    labels = {"model_name": model_name, "engine": "0"}
+    names = [sim_metrics.TTFT + "_count", sim_metrics.TTFT + "_sum", sim_metrics.TPOT + "_count",
+             sim_metrics.TPOT + "_sum", sim_metrics.BUSY + "_total", sim_metrics.STEPS + "_total"]
+    return {n: REGISTRY.get_sample_value(n, labels) or 0.0 for n in names}
+
+
+def assert_sim_metrics_account_for_the_batch(before: dict[str, float], after: dict[str, float]) -> None:
+    """The prompts of PROMPTS are admitted together, sample their first token in the first step and their
+    last in the last one (ignore_eos): each request's TTFT plus its TPOTs is then the card time of every
+    step, and a step's busy time is at most its span."""
+    from torch_spyre.serving import sim_metrics
+
+    d = {k: after[k] - before[k] for k in after}
+    n = len(PROMPTS)
+    assert d[sim_metrics.TTFT + "_count"] == n and d[sim_metrics.TPOT + "_count"] == n * (NEW_TOKENS - 1)
+    elapsed, busy = d[sim_metrics.STEPS + "_total"], d[sim_metrics.BUSY + "_total"]
+    assert 0 < busy <= elapsed
+    assert d[sim_metrics.TTFT + "_sum"] + d[sim_metrics.TPOT + "_sum"] == pytest.approx(n * elapsed, rel=1e-9)
+    assert 0 < d[sim_metrics.TTFT + "_sum"] < n * elapsed
+
+
 @pytest.mark.slow
 @pytest.mark.models
 @pytest.mark.parametrize("model_impl", ["vllm", "transformers"])
@@ -106,7 +133,9 @@ def test_greedy_tokens_equal_hf(models, kind, model_impl):
 
     path, expected = models[kind]
     before = torch.spyre.memory_allocated()
+    metrics_before = _sim_metrics(str(path))
     for got, ref in zip(run_llm(path, model_impl), expected, strict=True):
         tiny_models.assert_greedy_matches(got, ref)
+    assert_sim_metrics_account_for_the_batch(metrics_before, _sim_metrics(str(path)))
     assert torch_spyre.fallback_stats().get("compile_fallbacks", {}) == {}
     assert torch.spyre.memory_allocated() >= before  # sanity: the card was used (weights freed after del)

