@@ -1,5 +1,6 @@
 """``spyre serve`` on 127.0.0.1, queried with the ``openai`` client: completions, chat, streaming,
-concurrent requests (continuous batching), bad requests, /metrics, and a clean stop on SIGTERM.
+concurrent requests (continuous batching), bad requests, /metrics (vLLM's and the simulated-time series),
+and a clean stop on SIGTERM.
 
 One server (the tiny Llama of tiny_models.py, with its offline BPE tokenizer) serves every test of the
 module; prompts are given as token ids where tokens are compared with HF's greedy tokens on the CPU.
@@ -168,14 +169,55 @@ def test_bad_requests_get_errors_and_leak_nothing(server, client):
     assert _metric(base, "vllm:num_requests_running") == 0.0
 
 
+def _sim_series(base: str) -> dict[str, float]:
+    """The spyre: simulated-time samples of the served model on /metrics (histogram buckets left out)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, text = _get(base + "/metrics")
+    assert status == 200
+    return {s.name: s.value for fam in text_string_to_metric_families(text) if fam.name.startswith("spyre:")
+            for s in fam.samples if s.labels.get("model_name") == "tiny" and not s.name.endswith("_bucket")}
+
+
+@pytest.mark.slow
+@pytest.mark.models
+def test_simulated_time_metrics_on_the_servers_metrics(server, client):
+    from torch_spyre.serving import sim_metrics as sm
+
+    base = server["base"]
+    snapshots = [_sim_series(base)]
+    for _ in range(2):  # the same request twice, alone on the server
+        tiny_models.assert_greedy_matches(list(_complete(client, PROMPTS[0]).token_ids), server["expected"][0])
+        snapshots.append(_sim_series(base))
+    deltas = [{k: after[k] - before.get(k, 0.0) for k in after if k != sm.UTILIZATION}
+              for before, after in zip(snapshots, snapshots[1:])]
+    for d in deltas:
+        assert d[sm.TTFT + "_count"] == 1 and d[sm.TPOT + "_count"] == NEW_TOKENS - 1
+        elapsed, busy = d[sm.STEPS + "_total"], d[sm.BUSY + "_total"]
+        assert 0 < busy <= elapsed
+        # alone on the server, its steps run back to back on the card: TTFT + its TPOTs is their span
+        assert d[sm.TTFT + "_sum"] + d[sm.TPOT + "_sum"] == pytest.approx(elapsed, rel=1e-9)
+        assert d[sm.TTFT + "_sum"] > 0 and d[sm.TPOT + "_sum"] > 0
+    for key in deltas[0]:  # simulated time is deterministic: the same request costs the same card time
+        assert deltas[1][key] == pytest.approx(deltas[0][key], rel=1e-9), key
+    last = snapshots[-1]
+    assert last[sm.UTILIZATION] == pytest.approx(last[sm.BUSY + "_total"] / last[sm.STEPS + "_total"], rel=1e-9)
+    assert 0 < last[sm.UTILIZATION] <= 1
+
+
 @pytest.mark.slow
 @pytest.mark.models
 def test_sigterm_stops_the_server_cleanly(server):
+    import psutil
+
     proc = server["proc"]
     children = _children(proc.pid)
+    # server_main gave the server's processes one Prometheus directory (the engine core inherited it)
+    metrics_dirs = {psutil.Process(c).environ().get("PROMETHEUS_MULTIPROC_DIR") for c in children} - {None}
+    assert len(metrics_dirs) == 1 and os.path.isdir(next(iter(metrics_dirs)))
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0, server["log"].read_text()[-3000:]
-    import psutil
+    assert not os.path.exists(next(iter(metrics_dirs))), "the server left its metrics directory behind"
 
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(psutil.pid_exists(c) for c in children):
