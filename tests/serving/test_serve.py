@@ -205,6 +205,15 @@ def test_simulated_time_metrics_on_the_servers_metrics(server, client):
     assert 0 < last[sm.UTILIZATION] <= 1
 
 
+def _environ(pid: int) -> dict[str, str]:
+    import psutil
+
+    try:
+        return psutil.Process(pid).environ()
+    except psutil.NoSuchProcess:  # a helper process that has already ended
+        return {}
+
+
 @pytest.mark.slow
 @pytest.mark.models
 def test_sigterm_stops_the_server_cleanly(server):
@@ -213,7 +222,7 @@ def test_sigterm_stops_the_server_cleanly(server):
     proc = server["proc"]
     children = _children(proc.pid)
     # server_main gave the server's processes one Prometheus directory (the engine core inherited it)
-    metrics_dirs = {psutil.Process(c).environ().get("PROMETHEUS_MULTIPROC_DIR") for c in children} - {None}
+    metrics_dirs = {_environ(c).get("PROMETHEUS_MULTIPROC_DIR") for c in children} - {None}
     assert len(metrics_dirs) == 1 and os.path.isdir(next(iter(metrics_dirs)))
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0, server["log"].read_text()[-3000:]
