@@ -30,11 +30,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from torch_spyre.card import CardConfig, StickLayout  # noqa: E402
+from benchmarks.gemm_roofline import spec as gemm_spec  # noqa: E402
+from torch_spyre.card import CardConfig  # noqa: E402
 from torch_spyre.card.timing import time_program  # noqa: E402
 from torch_spyre.compiler import optimizations  # noqa: E402
-from torch_spyre.compiler.access import TensorView  # noqa: E402
-from torch_spyre.compiler.codegen.matmul import build_matmul, mm_spec  # noqa: E402
+from torch_spyre.compiler.codegen.matmul import build_matmul  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -95,17 +95,10 @@ class Row:
 
 
 # --- measuring ------------------------------------------------------------------------------------
-def _mm_spec(M: int, K: int, N: int):
-    def buf(name: str, shape: tuple[int, int]) -> TensorView:
-        return TensorView.whole(name, StickLayout(shape, -1, "dlfloat16"))
-
-    return mm_spec(buf("a", (M, K)), buf("b", (K, N)), buf("c", (M, N)), name=f"mm_{M}x{K}x{N}")
-
-
 def matmul_us(shape: tuple[int, int, int], config: CardConfig, off: tuple[str, ...] = ()) -> float:
     """Simulated µs of the matmul generator's fp16 program for M x K x N with ``off`` switched off."""
     with optimizations.disabled(*off):
-        program, _ = build_matmul(_mm_spec(*shape), config)
+        program, _ = build_matmul(gemm_spec(*shape), config)
     return time_program(program, config).total_s * 1e6
 
 

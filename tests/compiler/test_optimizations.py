@@ -55,9 +55,9 @@ def test_the_disabled_set_is_in_the_compiler_cache_key(monkeypatch):
 # The switches reach the generators (issue 13 §6)
 # ---------------------------------------------------------------------------------------------
 def _mm(M, K, N):
-    from benchmarks.seed import _mm_spec
+    from benchmarks.gemm_roofline import spec
 
-    return _mm_spec(M, K, N)
+    return spec(M, K, N)
 
 
 def _timed(spec, off=()):
