@@ -180,3 +180,16 @@ def test_scratchpad_planning_off_layer_norm_matches_the_cpu(monkeypatch):
     with optimizations.disabled("scratchpad_planning"):
         got = run_compiled(ln, x, w, b)
     torch.testing.assert_close(got, ln(x, w, b), **TOL[torch.float32])
+
+
+def test_a_misspelt_switch_fails_the_op_with_the_known_names_and_leaves_the_device_usable(monkeypatch):
+    """A device op reads the switches (its program depends on them): a misspelt name fails it with the known
+    ones, and once the variable is fixed the same tensors compute as before."""
+    import torch
+
+    a = torch.arange(16.0).reshape(4, 4).to("spyre")
+    monkeypatch.setenv(optimizations.ENV, "matmul_tilling")
+    with pytest.raises(optimizations.UnknownOptimizationError, match="'matmul_tilling'.*known ones: .*matmul_tiling"):
+        a + a
+    monkeypatch.delenv(optimizations.ENV)
+    torch.testing.assert_close((a + a).cpu(), torch.arange(16.0).reshape(4, 4) * 2)
