@@ -36,3 +36,26 @@ def test_the_tiny_table_prints_every_row_as_markdown_and_json(capsys):
     assert planning["on_us"] < planning["off_us"]
     text = seed.markdown(seed.table(seed.TINY))
     assert text.count("\n") == 7 and "not built" in text and "all-to-all" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("off", [(), ("ring_sharing",), ("matmul_tiling",)])
+def test_the_matmul_rows_time_what_a_timing_only_launch_takes(off):
+    """seed.py builds the matmul program and times it on the card model; an eager ``a @ b`` on spyre in
+    timing-only mode, with the same switches, takes exactly that simulated time."""
+    import torch
+
+    import torch_spyre
+    import torch_spyre.profiler
+    from torch_spyre.card import CardConfig
+    from torch_spyre.compiler import optimizations
+
+    M, K, N = seed.TINY.sharing[0]
+    with torch_spyre.timing_only(), optimizations.disabled(*off):
+        a = torch.empty(M, K, dtype=torch.float16, device="spyre")
+        b = torch.empty(K, N, dtype=torch.float16, device="spyre")
+        a @ b
+        with torch_spyre.profiler.profile() as prof:
+            a @ b
+    (kernel,) = [e for e in prof.key_averages() if e.kind == "kernel" and e.key.startswith("spyre_mm")]
+    assert kernel.device_time * 1e6 == pytest.approx(seed.matmul_us((M, K, N), CardConfig(), off), rel=1e-9)

@@ -111,7 +111,7 @@ def _whole_op_program(spec: KernelSpec, places: dict[str, Any], config: Any):
 
     key = (spec.generator, json.dumps(spec.params, sort_keys=True, default=str),
            tuple((b.name, b.dtype, tuple(b.size), tuple(b.stride), b.offset) for b in spec.buffers),
-           tuple(sorted(places.items(), key=lambda kv: kv[0])), id(config))
+           tuple(sorted(places.items(), key=lambda kv: kv[0])), id(config), generation_key())
     program = _WHOLE_OP_CACHE.get(key)
     if program is None:
         program = generator_for(spec)(spec, places, config)
