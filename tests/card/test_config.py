@@ -104,6 +104,19 @@ def test_settings_read_elsewhere_are_not_reported(recwarn):
     assert not [w for w in recwarn if "not a torch_spyre setting" in str(w.message)]
 
 
+def test_every_variable_the_sources_read_is_known(recwarn):
+    """Each ``"TORCH_SPYRE_..."`` name in torch_spyre's sources is a card figure or in OTHER_ENV_VARS, so setting
+    it is not reported as ignored (TORCH_SPYRE_DISABLE and TORCH_SPYRE_TIMING_ONLY were)."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "torch_spyre"
+    names = {m for p in root.rglob("*.py") for m in re.findall(r'"(TORCH_SPYRE_[A-Z0-9_]+)"', p.read_text())}
+    assert {"TORCH_SPYRE_DISABLE", "TORCH_SPYRE_TIMING_ONLY"} <= names
+    load_config(environ={n: "1" for n in names if n != "TORCH_SPYRE_CONFIG"})
+    assert not [str(w.message) for w in recwarn if "not a torch_spyre setting" in str(w.message)]
+
+
 def test_a_copy_with_other_corelets_recomputes_its_peaks():
     c = load_config(environ={})
     assert c.peak_fp16_flops == pytest.approx(c.chip_peak_fp16_flops)  # computed, hence cached

@@ -87,6 +87,11 @@ def cores_for(work_cycles: float, config: CardConfig, parts: int | None = None) 
     return CoreCount(max(1, min(available, -(-work // floor))), work, floor, available)
 
 
+def forced_cores() -> int | None:
+    """The count :func:`forcing` imposes here, or None (program caches key on it)."""
+    return _forced.get()
+
+
 @contextmanager
 def forcing(cores: int) -> Iterator[None]:
     """Within the block, every kernel generated takes ``cores`` cores (fewer if it has fewer work items;

@@ -42,6 +42,7 @@ from .._torch.device import OpOverload
 from ..device.op_call import (bound_args, flat_tensors, map_tensors, resize_written, rewrap_numbers,
                               write_only_outs, written_args)
 from ..runtime.timing_only import NoDataError
+from .kernel_runtime import generation_key
 
 MODES = ("compile", "host")
 DEFAULT_MODE = "compile"  # docs/compiler.md "Eager mode"; TORCH_SPYRE_EAGER=host computes every op on the host
@@ -221,12 +222,15 @@ def _value_signature(v: Any, storages: dict[int, int]) -> Any:
 
 
 def signature(op: OpOverload, args: tuple, kwargs: dict, card: int) -> tuple:
+    """The cache key of an eager op: the op, its arguments' signatures, the card and its configuration, the
+    fp32 matmul precision and what else a generated program depends on (the optimizations switched off,
+    a forced core count: ``kernel_runtime.generation_key``)."""
     from ..device import cards
 
     storages: dict[int, int] = {}
     return (op, tuple(_value_signature(a, storages) for a in args),
             tuple(sorted((k, _value_signature(v, storages)) for k, v in kwargs.items())),
-            card, id(cards.card(card).config), torch.get_float32_matmul_precision())
+            card, id(cards.card(card).config), torch.get_float32_matmul_precision(), generation_key())
 
 
 # ---------------------------------------------------------------------------------------------

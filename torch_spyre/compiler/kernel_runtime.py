@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from . import optimizations
+from .core_count import forced_cores
 from .generators import generator_for
 from .kernel_spec import KernelSpec
 
@@ -109,7 +111,7 @@ def _whole_op_program(spec: KernelSpec, places: dict[str, Any], config: Any):
 
     key = (spec.generator, json.dumps(spec.params, sort_keys=True, default=str),
            tuple((b.name, b.dtype, tuple(b.size), tuple(b.stride), b.offset) for b in spec.buffers),
-           tuple(sorted(places.items(), key=lambda kv: kv[0])), id(config))
+           tuple(sorted(places.items(), key=lambda kv: kv[0])), id(config), generation_key())
     program = _WHOLE_OP_CACHE.get(key)
     if program is None:
         program = generator_for(spec)(spec, places, config)
@@ -162,6 +164,12 @@ def shape_cache_size() -> int:
     return size
 
 
+def generation_key() -> tuple[str, int | None]:
+    """What a generated program depends on besides its spec, placements and card: the optimizations
+    switched off and a forced core count. A program prepared under one is never launched under another."""
+    return optimizations.fingerprint(), forced_cores()
+
+
 class SpyreKernel:
     """One compiled kernel: specializes its spec per shape values, generates and prepares its program per
     (values, placement) in a bounded LRU, launches it per call."""
@@ -211,7 +219,7 @@ class SpyreKernel:
         places, allocs, card = self.placements(args)
         if places is None:  # a tensor of no elements: nothing to compute
             return
-        key = (values, card, tuple(sorted(places.items(), key=lambda kv: kv[0])))
+        key = (values, card, tuple(sorted(places.items(), key=lambda kv: kv[0])), generation_key())
         with self._lock:
             prepared = self._prepared.get(key)
             if prepared is not None:

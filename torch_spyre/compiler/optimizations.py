@@ -14,6 +14,7 @@ cache key (:func:`fingerprint`), so a program compiled with one off is never ser
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -46,7 +47,12 @@ def _check(names: tuple[str, ...] | list[str], where: str) -> frozenset[str]:
 
 
 def _from_env() -> frozenset[str]:
-    raw = os.environ.get(ENV, "")
+    return _parse_env(os.environ.get(ENV, ""))
+
+
+@functools.lru_cache(maxsize=16)
+def _parse_env(raw: str) -> frozenset[str]:
+    """The names in the variable's value (memoized: every kernel launch reads the switches)."""
     return _check([n.strip() for n in raw.split(",") if n.strip()], f"${ENV}")
 
 
@@ -75,4 +81,9 @@ def disabled(*names: str) -> Iterator[None]:
 
 def fingerprint() -> str:
     """The disabled set as it enters the compiler's cache key."""
-    return ",".join(sorted(disabled_set()))
+    return _joined(disabled_set())
+
+
+@functools.lru_cache(maxsize=64)
+def _joined(names: frozenset[str]) -> str:
+    return ",".join(sorted(names))

@@ -44,15 +44,15 @@ from typing import Any
 from ....card import costs
 from ....card.config import CardConfig
 from ....program import Program
-from ... import scratchpad
+from ... import optimizations, scratchpad
 from ...access import TensorView
 from ...core_count import CoreCount, cores_for, dma_cycles
 from ...decisions import BufferDecision, KernelDecisions
 from .cost import Estimate, _core_dram_bytes, estimate
 from .emit import generate_plan
 from .plan import Split, Tiles, _assign, _buffers, _core_shape
-from .search import (Plan, _best_tiles, _core_span, _span_ok, cached_rank_plans, naive_split, plan_for_split,
-                     rank_plans)
+from .search import (Plan, _best_tiles, _core_span, _span_ok, cached_rank_plans, first_fit, naive_split,
+                     plan_for_split, rank_plans)
 from .spec import (
     MatmulSpec,
     MatmulSpecError,
@@ -85,7 +85,12 @@ def build_matmul(spec: MatmulSpec, config: CardConfig, verify_top: int = 0) -> t
 
     The plan is the analytic cost model's cheapest. With ``verify_top`` = n > 1, the model's n cheapest
     plans are generated and timed with the card's timing model and the fastest is kept (an autotuning
-    step: slower to compile, for kernels run often)."""
+    step: slower to compile, for kernels run often).
+
+    With the ``matmul_tiling`` optimization switched off (``optimizations``), nothing is searched: the naive
+    split and the first tiles that fit (:func:`~.search.first_fit`)."""
+    if not optimizations.enabled("matmul_tiling"):
+        return _unsearched(spec, config)
     # The decisions list the 8 cheapest plans and the cheapest without a K-split: only those are needed.
     keep = max(_RECORDED_PLANS, verify_top)
     count = _core_count(_check(spec), config)
@@ -137,6 +142,18 @@ def build_matmul(spec: MatmulSpec, config: CardConfig, verify_top: int = 0) -> t
                if ranked[0] is c else f"no faster on the card ({t * 1e6:.3f} us against {t_rule * 1e6:.3f} us)")
         decisions.notes.append(f"the estimate's cheapest split, {c.split} ({c.split.cores} cores), spreads the "
                                f"work thinner than the minimum per core: {why}")
+    program.metadata["decisions"] = decisions.to_dict()
+    program.metadata["op"] = op_work(spec)
+    return program, decisions
+
+
+def _unsearched(spec: MatmulSpec, config: CardConfig) -> tuple[Program, KernelDecisions]:
+    """The program and decisions of :func:`~.search.first_fit` (``matmul_tiling`` switched off)."""
+    plan = first_fit(spec, config)
+    program = generate_plan(spec, plan.split, plan.tiles, config)
+    decisions = _decisions(spec, config, [plan])
+    decisions.notes.append("matmul_tiling is switched off: the naive split (output rows only) and the first tiles "
+                           "that fit, not searched")
     program.metadata["decisions"] = decisions.to_dict()
     program.metadata["op"] = op_work(spec)
     return program, decisions
@@ -262,6 +279,8 @@ def _sharing_decision(p: _Problem, cfg: CardConfig, best: Plan) -> dict[str, Any
                "core loading its own A" if other else "no plan without sharing fits")
         return {"scheme": f"A forwarded over the ring along each row of the split ({s.n} cores share a row's A: "
                           "one core loads each tile from DRAM, two chains pass it on)", "why": why}
+    if not optimizations.enabled("ring_sharing"):
+        return {"scheme": "each core loads its own operands", "why": "the ring_sharing optimization is switched off"}
     if s.k > 1 or s.n == 1 or p.a_transposed:
         reason = ("a K-split" if s.k > 1 else "no N split: no two cores share A rows" if s.n == 1
                   else "A is transposed in scratchpad")

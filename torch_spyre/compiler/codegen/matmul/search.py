@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable
 
 from ....card.config import CardConfig
+from ... import optimizations
 from .cost import Estimate, _split_traffic, _SplitTraffic, core_shape, estimate, lower_bound
 from .plan import Split, Tiles, _assign, _CoreWork, _divisors, _fits, _round, _row_align, _Shape, _splits
 from .spec import UNIT, MatmulSpec, MatmulSpecError, _check, _Problem
@@ -25,7 +26,9 @@ def _tile_options(total: int, limit: int = 12) -> list[int]:
     return out[:limit]
 
 
-def _candidate_tiles(p: _Problem, s: Split, cfg: CardConfig, sharing: bool = True) -> Iterable[Tiles]:
+def _candidate_tiles(p: _Problem, s: Split, cfg: CardConfig, sharing: bool = True,
+                     limit: int = 6) -> Iterable[Tiles]:
+    """Tiles to try for split ``s``, largest first; ``limit``: how many N and K tile sizes."""
     work = _assign(p, s, cfg)
     w = work[0]
     nb, nm = w.batches[1], w.rows[1]
@@ -37,10 +40,10 @@ def _candidate_tiles(p: _Problem, s: Split, cfg: CardConfig, sharing: bool = Tru
     # A shared over the ring along each row of the split (share.py): only without a K-split, with whole
     # K tiles (each tile one contiguous range to forward) and A not transposed in scratchpad.
     can_share = sharing and s.k == 1 and s.n > 1 and not p.a_transposed
-    kts = _tile_options(ku, 6)
+    kts = _tile_options(ku, limit)
     if can_share:  # sharing needs K tiles dividing K: the largest such tiles below the equal pieces above
         kts += [d for d in sorted(_divisors(ku), reverse=True) if d < kts[-1] and d >= 4][:3]
-    for nt in _tile_options(nu, 6):
+    for nt in _tile_options(nu, limit):
         for kt in kts:
             for mt in mts:
                 for bt in bts:
@@ -69,11 +72,18 @@ class Plan:
     est: Estimate
 
 
+def sharing_enabled() -> bool:
+    """Whether A may be shared over the ring here and now (the ``ring_sharing`` optimization)."""
+    return optimizations.enabled("ring_sharing")
+
+
 def _best_tiles(p: _Problem, s: Split, cfg: CardConfig, traffic: _SplitTraffic | None = None,
-                sharing: bool = True) -> Plan | None:
+                sharing: bool | None = None) -> Plan | None:
     """The cheapest tiles for split ``s`` that fit the scratchpad (with ``sharing``, A forwarded over the
-    ring is among the candidates). Estimates within 1 % of the best count as a tie, settled by the fewest
-    instructions (a smaller program, faster to prepare and simulate)."""
+    ring is among the candidates; None: unless ``ring_sharing`` is switched off). Estimates within 1 % of
+    the best count as a tie, settled by the fewest instructions (a smaller program, faster to prepare and
+    simulate)."""
+    sharing = sharing_enabled() if sharing is None else sharing
     traffic = traffic or _split_traffic(p, s, cfg)
     scored, best = [], float("inf")
     for t in _candidate_tiles(p, s, cfg, sharing):
@@ -167,12 +177,14 @@ plan_cache_stats = {"hits": 0, "misses": 0}
 
 def plan_key(spec: MatmulSpec, config: CardConfig, keep: int | None, max_cores: int | None = None) -> tuple:
     """Everything :func:`rank_plans` reads: the operands' shapes, strides, storage offsets and layouts (not
-    their names), alpha, beta, the kind, the epilogue, the card's configuration, ``keep`` and ``max_cores``."""
+    their names), alpha, beta, the kind, the epilogue, the card's configuration, ``keep``, ``max_cores`` and
+    whether ring sharing is switched on."""
     def anon(view, role: str):
         return None if view is None else replace(view, name=role)
 
     return (anon(spec.a, "a"), anon(spec.b, "b"), anon(spec.out, "out"), anon(spec.bias, "bias"),
-            anon(spec.residual, "residual"), spec.alpha, spec.beta, spec.kind, spec.activation, config, keep, max_cores)
+            anon(spec.residual, "residual"), spec.alpha, spec.beta, spec.kind, spec.activation, config, keep, max_cores,
+            sharing_enabled())
 
 
 def cached_rank_plans(spec: MatmulSpec, config: CardConfig, keep: int | None = None,
@@ -242,6 +254,21 @@ def naive_split(spec: MatmulSpec, config: CardConfig) -> Split:
             if s.cores > best.cores and pb <= p.batch and pm <= p.M and _assign(p, s, config) is not None:
                 best = s
     return best
+
+
+def first_fit(spec: MatmulSpec, config: CardConfig) -> Plan:
+    """The plan with the ``matmul_tiling`` optimization switched off: the naive split (output rows only) and
+    the first tiles of the candidate order (largest first) that fit the scratchpad, without searching."""
+    p = _check(spec)
+    s = naive_split(spec, config)
+    traffic = _split_traffic(p, s, config)
+    # Every N and K tile size (the search's short list may have none that fits a core's whole rows).
+    for t in _candidate_tiles(p, s, config, sharing=False, limit=1 << 30):
+        if _fits_once(p, s, t, core_shape(p, s, t, traffic), config, traffic):
+            return Plan(s, t, estimate(p, s, t, config, traffic))
+    raise MatmulSpecError(f"{p.describe()}: no tiling fits {config.scratchpad_plannable_bytes} plannable "
+                          f"scratchpad bytes per core on the naive split {s} (matmul_tiling is switched off; "
+                          "switch it on to search the other splits)")
 
 
 def plan_for_split(spec: MatmulSpec, split: Split, config: CardConfig) -> Plan:

@@ -13,7 +13,7 @@ import numpy as np
 from ....card import costs
 from ....card.layout import sorted_unique
 from ....program import TRANSCENDENTAL_OPS, Operand, Program, dram_spans, row_major_strides
-from ... import access
+from ... import access, optimizations
 from ...access import TensorView
 from ...core_count import cores_for, dma_cycles
 from ...decisions import BufferDecision
@@ -91,7 +91,7 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
         if math.prod(xs) * rn < _PROOF_MIN_ELEMENTS:
             return None
         cap = self.config.scratchpad_plannable_bytes
-        persistent = tuple(tr) == tuple(self.spec.r_sizes)
+        persistent = self._persistent(tr)
         sched = Scheduler(self.dag, self.aliases, persistent)
         steps: list[Step] = []
         for t, (txo, txs) in enumerate(boxes(xo, xs, tx)[:2]):  # two tiles: both load parities
@@ -227,8 +227,14 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
         return True
 
     # --- building -----------------------------------------------------------------------------------
+    def _persistent(self, tr) -> bool:
+        """Whether the reduction's rows stay in scratchpad between its passes: when the whole reduction fits
+        one chunk, unless the ``scratchpad_planning`` optimization is switched off (then every pass loads
+        its rows from device memory again, as a chunked reduction does)."""
+        return tuple(tr) == tuple(self.spec.r_sizes) and optimizations.enabled("scratchpad_planning")
+
     def _build(self, cboxes, tx, tr):
-        persistent = tuple(tr) == tuple(self.spec.r_sizes)
+        persistent = self._persistent(tr)
         # the iota (argmax/argmin positions) covers one reduction chunk
         self._iota_span = 1 + sum((t - 1) * st for t, st in zip(tr, row_major_strides(self.spec.r_sizes)))
         sched = Scheduler(self.dag, self.aliases, persistent)
@@ -367,6 +373,9 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
         d.alternatives = tried[:-1]
         if self.aliases:
             d.notes.append(f"{len(self.aliases)} load(s) served from values computed in this kernel")
+        if self.dag.n_phases > 1 and tuple(tr) == tuple(self.spec.r_sizes) and not persistent:
+            d.notes.append("scratchpad_planning is switched off: every pass loads its rows from device memory "
+                           "again instead of keeping them in scratchpad")
 
 
 

@@ -1,0 +1,230 @@
+"""The seed's table, reproduced (issue 13 §6): each optimization of the compiler timed off and on.
+
+    python benchmarks/seed.py            # the table, markdown
+    python benchmarks/seed.py --json     # the same rows as JSON
+    python benchmarks/seed.py --tiny     # tiny shapes (seconds; what tests/benchmarks/test_seed.py runs)
+
+Every figure is simulated device time (card/timing, deterministic), measured by generating the workload's
+kernel with the optimization switched off and on (``torch_spyre.compiler.optimizations.disabled``, the same
+switch as ``TORCH_SPYRE_DISABLE``), never remembered:
+
+- the matmul rows build the matmul generator's program (``build_matmul``) and time it with the card's timing
+  model (``time_program``, what a launch in timing-only mode advances the clock by); the corelets row does so
+  on a copy of the card configuration with ``corelets_in_use`` 1 (``TORCH_SPYRE_CORELETS_IN_USE=1``);
+- the scratchpad row compiles ``torch.softmax`` with ``torch.compile`` on the spyre device and runs it in
+  timing-only mode under the profiler (programs generated and timed, not executed).
+
+"change" is on against off (negative: on is faster); "seed" is the seed's published figure for the same
+optimization (docs/compiler.md, "The optimizations, off and on"). Rows of optimizations not built yet say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.gemm_roofline import spec as gemm_spec  # noqa: E402
+from torch_spyre.card import CardConfig  # noqa: E402
+from torch_spyre.card.timing import time_program  # noqa: E402
+from torch_spyre.compiler import optimizations  # noqa: E402
+from torch_spyre.compiler.codegen.matmul import build_matmul  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The workloads of each row: matmul shapes M x K x N (fp16), softmax rows x cols (fp16) and cores."""
+
+    tiling: tuple[tuple[int, int, int], ...]
+    sharing: tuple[tuple[int, int, int], ...]
+    corelets: tuple[tuple[int, int, int], ...]
+    softmax: tuple[tuple[int, int, int | None], ...]  # (rows, cols, cores; None: the core count's choice)
+    exchange_bytes_per_core: int | None  # the all-to-all's size; None: the size whose ring time is nearest 1.1 µs
+
+
+FULL = Sizes(tiling=((256, 512, 1024), (1024, 1024, 1024), (512, 4096, 4096)),
+             sharing=((1024, 1024, 1024), (512, 4096, 4096)),
+             corelets=((1024, 1024, 1024), (512, 4096, 4096)),
+             softmax=((512, 1024, 1), (512, 1024, None)), exchange_bytes_per_core=None)
+TINY = Sizes(tiling=((64, 128, 256),), sharing=((128, 256, 512),), corelets=((64, 128, 256),),
+             softmax=((64, 128, 1),), exchange_bytes_per_core=4096)
+
+SEED = {
+    "matmul_tiling": "kernel time -29 % to -69 %",
+    "scratchpad_planning": "softmax 512x1024 fp16, one core: 32.51 -> 23.67 us (1.37x)",
+    "fused_mlp": "core utilization ~2/3 -> 80 %, kernel time -17 %",
+    "onchip_relayout": "device-memory round trip 80 us -> ring exchange 1.1 us (73x)",
+    "corelets": "(no seed figure; IBM's stack drives one corelet per core)",
+    "ring_sharing": "(no seed figure; Spyre's dataflow design)",
+}
+
+
+@dataclass
+class Measurement:
+    workload: str
+    off_us: float
+    on_us: float
+
+    @property
+    def change(self) -> float:
+        """On against off: -0.3 is 30 % less time with the optimization on."""
+        return self.on_us / self.off_us - 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "change": round(self.change, 4), "off_over_on": round(self.off_us / self.on_us, 3)}
+
+
+@dataclass
+class Row:
+    optimization: str
+    switch: str  # how to switch it off
+    seed: str
+    measurements: list[Measurement] = field(default_factory=list)
+    status: str = "built"
+    how: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"optimization": self.optimization, "switch": self.switch, "status": self.status, "seed": self.seed,
+                "how": self.how, "measurements": [m.to_dict() for m in self.measurements]}
+
+
+# --- measuring ------------------------------------------------------------------------------------
+def matmul_us(shape: tuple[int, int, int], config: CardConfig, off: tuple[str, ...] = ()) -> float:
+    """Simulated µs of the matmul generator's fp16 program for M x K x N with ``off`` switched off."""
+    with optimizations.disabled(*off):
+        program, _ = build_matmul(gemm_spec(*shape), config)
+    return time_program(program, config).total_s * 1e6
+
+
+def _mm_name(shape: tuple[int, int, int]) -> str:
+    return "mm fp16 " + "x".join(map(str, shape))
+
+
+def matmul_switch_row(name: str, switch: str, shapes, config: CardConfig, how: str) -> Row:
+    row = Row(name, switch, SEED[name], how=how)
+    for shape in shapes:
+        row.measurements.append(Measurement(_mm_name(shape), matmul_us(shape, config, (name,)),
+                                            matmul_us(shape, config)))
+    return row
+
+
+def corelets_row(shapes, config: CardConfig) -> Row:
+    one = config.model_copy(update={"corelets_in_use": 1})
+    row = Row("corelets", "TORCH_SPYRE_CORELETS_IN_USE=1 (card configuration: corelets_in_use)", SEED["corelets"],
+              how="matmul generator's program timed on the card model with corelets_in_use 1 (off) and 2 (on)")
+    for shape in shapes:
+        row.measurements.append(Measurement(_mm_name(shape), matmul_us(shape, one), matmul_us(shape, config)))
+    return row
+
+
+def softmax_us(rows: int, cols: int, cores: int | None, off: tuple[str, ...] = ()) -> float:
+    """Simulated µs of ``torch.softmax(x, -1)`` over fp16 [rows, cols], compiled for the spyre device and run
+    in timing-only mode (on ``cores`` cores when given) with ``off`` switched off."""
+    import contextlib
+
+    import torch
+
+    import torch_spyre
+    import torch_spyre.profiler
+    from torch_spyre.compiler.core_count import forcing
+
+    compiled = torch.compile(lambda x: torch.softmax(x, -1))
+    with torch_spyre.timing_only(), optimizations.disabled(*off), \
+            (forcing(cores) if cores else contextlib.nullcontext()):
+        x = torch.empty(rows, cols, dtype=torch.float16, device="spyre")
+        compiled(x)  # compiles, prepares and times the program
+        with torch_spyre.profiler.profile() as prof:
+            compiled(x)
+    kernels = [e for e in prof.key_averages() if e.kind == "kernel"]
+    return sum(e.device_time for e in kernels) * 1e6
+
+
+def scratchpad_row(sizes) -> Row:
+    row = Row("scratchpad_planning", "TORCH_SPYRE_DISABLE=scratchpad_planning", SEED["scratchpad_planning"],
+              how="torch.compile(softmax) on spyre, timing-only run under the profiler; off: every pass of the "
+                  "reduction loads its rows from device memory again")
+    for rows, cols, cores in sizes:
+        where = f"{cores} core" + ("s" if cores != 1 else "") if cores else "the core count's cores"
+        row.measurements.append(Measurement(f"softmax fp16 {rows}x{cols}, {where}",
+                                            softmax_us(rows, cols, cores, ("scratchpad_planning",)),
+                                            softmax_us(rows, cols, cores)))
+    return row
+
+
+def relayout_row(bytes_per_core: int | None, config: CardConfig) -> Row:
+    """The exchange the seed describes, an all-to-all among the 32 cores: through device memory as two
+    kernels with a strided relayout (off) against over the ring (on), hand-written programs timed on the card
+    model (``benchmarks/calibration.py``). No compiler kernel makes this exchange yet."""
+    from benchmarks.calibration import exchange_sized_to_published, time_exchange
+
+    ex = exchange_sized_to_published(config) if bytes_per_core is None else time_exchange(config, bytes_per_core)
+    row = Row("onchip_relayout", "— (not built)", SEED["onchip_relayout"],
+              status="not built in the compiler (no fused kernel needs a relayout yet); the seed's exchange measured "
+                     "with hand-written programs",
+              how="benchmarks/calibration.py: all-to-all over 32 cores; off: a store-with-relayout kernel and a load "
+                  "kernel through device memory (two fixed costs), on: ring sends between scratchpads (execution time)")
+    row.measurements.append(Measurement(f"all-to-all {ex.total_bytes // 1024} KiB over 32 cores "
+                                        f"({ex.bytes_per_core // 1024} KiB per core)",
+                                        ex.kernels_s * 1e6, ex.ring_s * 1e6))
+    return row
+
+
+def table(sizes: Sizes = FULL, config: CardConfig | None = None) -> list[Row]:
+    config = config or CardConfig()
+    how = "matmul generator's program (build_matmul) timed on the card model (time_program)"
+    return [
+        matmul_switch_row("matmul_tiling", "TORCH_SPYRE_DISABLE=matmul_tiling", sizes.tiling, config,
+                          how + "; off: the naive split (output rows only) and the first tiles that fit"),
+        scratchpad_row(sizes.softmax),
+        Row("fused_mlp", "— (not built)", SEED["fused_mlp"], status="not built"),
+        relayout_row(sizes.exchange_bytes_per_core, config),
+        corelets_row(sizes.corelets, config),
+        matmul_switch_row("ring_sharing", "TORCH_SPYRE_DISABLE=ring_sharing", sizes.sharing, config,
+                          how + "; off: every core loads its own A from device memory"),
+    ]
+
+
+# --- printing -------------------------------------------------------------------------------------
+def markdown(rows: list[Row]) -> str:
+    lines = ["| optimization | workload | off µs | on µs | our change | seed | switch off with |",
+             "|---|---|---:|---:|---:|---|---|"]
+    for r in rows:
+        if not r.measurements:
+            lines.append(f"| {r.optimization} | {r.status} | — | — | — | {r.seed} | {_switch(r)} |")
+            continue
+        cells = lambda f: "<br>".join(f(m) for m in r.measurements)  # noqa: E731
+        workload = cells(lambda m: m.workload) + ("" if r.status == "built" else f" ({r.status})")
+        lines.append(f"| {r.optimization} | {workload} | {cells(lambda m: f'{m.off_us:,.2f}')} | "
+                     f"{cells(lambda m: f'{m.on_us:,.2f}')} | "
+                     f"{cells(lambda m: f'{100 * m.change:+.0f} % ({m.off_us / m.on_us:.2f}x)')} | "
+                     f"{r.seed} | {_switch(r)} |")
+    return "\n".join(lines)
+
+
+def _switch(r: Row) -> str:
+    return f"`{r.switch}`" if r.status == "built" else r.switch
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of markdown")
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes (a smoke test of the table, seconds)")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    rows = table(TINY if args.tiny else FULL)
+    if args.json:
+        print(json.dumps({"rows": [r.to_dict() for r in rows], "host_s": round(time.perf_counter() - t0, 1)}))
+    else:
+        print(markdown(rows))
+        print(f"\n(simulated device time; {time.perf_counter() - t0:.0f} s of host time to measure)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
