@@ -19,7 +19,7 @@ Rows:
 5. The first call of a compiled Granite-shaped MLP (hidden 4096, intermediate 12800, SiLU-gated, fp16,
    ``--mlp-tokens`` tokens) in timing-only mode (no data: the host cost is the compile, the relayouts of
    its three weights and the timing model, not the functional simulator), against the repeat call
-   (``--mlp`` only, or ``--mlp`` with the other rows).
+   (``--mlp-only`` alone, ``--mlp`` beside the other rows).
 
 Host wall time depends on this machine and its load (it is shared): read medians, compare ratios measured
 in one run, and never assert on them in tests. Simulated time is the card's and does not depend on the host.
