@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_spyre.card.layout import DEVICE_DTYPES, LayoutError, StickLayout, default_layout
+from torch_spyre.card.layout import (DEVICE_DTYPES, LayoutError, StickLayout, _device_offsets_reference,
+                                     default_layout, sorted_unique)
 
 
 def test_ibm_documented_example():
@@ -81,3 +82,31 @@ def test_pack_unpack_and_offsets_agree(lay):
     coords = np.array(np.unravel_index(offsets, lay.device_size))
     host_from_map = (coords.T * np.array(lay.stride_map)).sum(axis=1)
     np.testing.assert_array_equal(host_from_map, host)
+
+
+@settings(max_examples=80, deadline=None)
+@given(layouts(), st.integers(0, 2**32 - 1))
+def test_device_offsets_match_unravelling_every_dim(lay, seed):
+    # device_offsets divides the index a few times (shifts for powers of two) instead of unravelling.
+    idx = np.random.default_rng(seed).integers(0, lay.numel, size=min(3 * lay.numel, 500))
+    np.testing.assert_array_equal(lay.device_offsets(idx), _device_offsets_reference(lay, idx))
+
+
+@pytest.mark.parametrize("shape,stick", [((4096, 64), 0), ((64, 4096), 1), ((3, 128, 64), 1), ((2, 64, 3, 64), 2)])
+def test_device_offsets_of_power_of_two_shapes(shape, stick):
+    lay = StickLayout(shape, stick, "dlfloat16")
+    idx = np.arange(lay.numel)
+    np.testing.assert_array_equal(lay.device_offsets(idx), _device_offsets_reference(lay, idx))
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint16, np.int8, np.uint8, np.float64])
+@pytest.mark.parametrize("n,span", [(0, 1), (1, 5), (7, 3), (5000, 100), (5000, 15000), (20000, 10**9)])
+def test_sorted_unique_is_numpys_unique(dtype, n, span):
+    # Big integer arrays in a narrow range take the mask path, the rest a sort: both are np.unique.
+    rng = np.random.default_rng(n + span)
+    lo = -50 if np.dtype(dtype).kind in "if" else 0
+    hi = min(span, int(np.iinfo(dtype).max)) if np.dtype(dtype).kind in "iu" else span
+    values = rng.integers(lo, hi, size=n).astype(dtype).reshape(-1, 1) if n else np.zeros(0, dtype)
+    got = sorted_unique(values)
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got, np.unique(values))

@@ -142,3 +142,18 @@ def test_the_mode_nests_and_follows_the_environment(monkeypatch):
     monkeypatch.setenv(T.ENV, "maybe")
     with pytest.raises(T.TimingOnlySettingError, match="TORCH_SPYRE_TIMING_ONLY='maybe': expected 1"):
         T.enabled()
+
+
+@pytest.mark.parametrize("view", [lambda w: w, lambda w: w[0].t(), lambda w: w.mT, lambda w: w.permute(2, 0, 1), lambda w: w[1:],
+                                  lambda w: w[:, ::2], lambda w: w.transpose(0, 1)[:, :, :40],
+                                  lambda w: w.reshape(-1)[5:-5], lambda w: w[:, :1]])
+def test_transfer_size_of_views_is_the_sticks_they_touch(view):
+    # A view of every element in any order (a weight's .t()) touches every stick: counted without
+    # mapping its indices; any other view still counts the sticks its elements fall in.
+    from torch_spyre.device import tensor as device_tensor
+
+    w = torch.randn(3, 70, 130, dtype=torch.float16).to("spyre")
+    v = view(w)
+    layout = storage.allocation_of(w).meta["layout"]
+    offsets = layout.device_offsets(device_tensor._host_indices(v))
+    assert device_tensor.transfer_size(v).device_bytes == device_tensor._touched_bytes(offsets, layout)

@@ -43,14 +43,21 @@ def node_vars(spec: KernelSpec, node_index: int, xo, xs, ro, rs, outer: bool) ->
     """Values of a node's loop variables over a tile (full: x dims then r dims; outer: x dims only)."""
     node = spec.nodes[node_index]
     nx = len(spec.x_sizes)
+    same_x = list(node.sizes) == list(spec.x_sizes)  # the node's x vars are the box's coordinates
     if outer:
         coords = _grid(xo, xs)
+        if same_x:
+            return {f"x{k}": np.broadcast_to(c, tuple(xs)) for k, c in enumerate(coords)}
         xl = _linear(coords, spec.x_sizes)
         return _unravel(xl, node.sizes, "x")
     coords = _grid(tuple(xo) + tuple(ro), tuple(xs) + tuple(rs))
+    full_shape = tuple(xs) + tuple(rs)
+    if same_x and (not spec.r_sizes or node.placement == "reduction"
+                   and list(node.reduction_sizes) == list(spec.r_sizes)):
+        names = [f"x{k}" for k in range(nx)] + ([f"r{k}" for k in range(len(spec.r_sizes))] if spec.r_sizes else [])
+        return {k: np.broadcast_to(c, full_shape) for k, c in zip(names, coords)}
     xl = _linear(coords[:nx], spec.x_sizes)
     rl = _linear(coords[nx:], spec.r_sizes)
-    full_shape = tuple(xs) + tuple(rs)
     if node.placement == "reduction":
         vals = {**_unravel(xl, node.sizes, "x"), **_unravel(rl, node.reduction_sizes, "r")}
     else:  # a pointwise node over x * r, iterated x-major
