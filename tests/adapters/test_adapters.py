@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.models
 
 import torch_spyre  # noqa: E402
@@ -47,10 +47,33 @@ def test_applied_automatically_on_to_spyre_and_opt_out():
 
 
 def test_install_works_when_transformers_is_imported_later():
-    code = ("import sys, torch_spyre; assert 'transformers.modeling_utils' not in sys.modules; "
-            "from transformers import PreTrainedModel; print(PreTrainedModel.to._spyre_adapts)")
+    code = ("import sys, torch, torch_spyre; assert 'transformers.modeling_utils' not in sys.modules; "
+            "from transformers import PreTrainedModel; "
+            "print(PreTrainedModel.from_pretrained._spyre_adapts, torch.nn.Module.to.__spyre_original__ is not None)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
+    assert done.returncode == 0 and done.stdout.strip() == "True True", done.stderr[-2000:]
+
+
+def test_a_container_moved_to_spyre_adapts_the_model_inside():
+    """SentenceTransformer(path, device="spyre") moves its nn.Sequential: the transformers model inside never
+    sees its own .to (it was not adapted before). The outermost model is adapted, once."""
+    model = moe_model().model
+    container = torch.nn.Sequential(torch.nn.ModuleDict({"auto_model": model}), torch.nn.Identity())
+    container.to("spyre")
+    assert model.spyre_adapters == ("moe_batched_mm",)
+    assert not hasattr(model.model, "spyre_adapters")  # the inner MixtralModel is the outer model's business
+    opted_out = torch_spyre.adapt(moe_model().model, adapters=[])
+    torch.nn.Sequential(opted_out).to("spyre")
+    assert opted_out.get_experts_implementation()[""] == "grouped_mm"
+
+
+def test_loaded_straight_onto_spyre_is_adapted(tmp_path):
+    """from_pretrained(..., device_map="spyre") puts the weights on the card without a .to()."""
+    pytest.importorskip("accelerate")  # transformers needs it for a device_map
+    moe_model().model.save_pretrained(tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, device_map="spyre")
+    assert next(model.parameters()).device.type == "spyre"
+    assert model.spyre_adapters == ("moe_batched_mm",)
 
 
 def test_moe_batched_mm_is_equivalent_on_cpu():
