@@ -138,7 +138,7 @@ def _matrix_vector(a, b):
 
 
 def _lower_embedding(weight, indices, *args, **kwargs):
-    w, i = torch_inductor.realize_input(weight), _gather_operand(indices)
+    w, i = _gather_operand(weight, starts_rows=True), _gather_operand(indices)
     size = [*i.get_size(), w.get_size()[1]]
     return _extern("gather", "embedding", ["source", "index"], [w, i], size, w.get_dtype(),
                    {"kind": "embedding", "dim": 0})
@@ -148,7 +148,7 @@ def _lower_index_select(x, dim, index):
     rank = len(x.get_size())
     if rank >= 1 and dim % rank == rank - 1:
         return _element_index_select(x, index)
-    src, idx = torch_inductor.realize_input(x), _gather_operand(index)
+    src, idx = _gather_operand(x, starts_rows=True), _gather_operand(index)
     dim = dim % max(len(src.get_size()), 1)
     size = list(src.get_size())
     size[dim] = idx.get_numel()
@@ -186,9 +186,38 @@ def _lower_index(original):
                 picked = _lower_index_select(x, d, view(idx, [idx.get_numel()]))
                 size = list(x.get_size())
                 return view(picked, [*size[:d], *idx.get_size(), *size[d + 1:]])
+        merged = _index_of_merged_dims(x, live)
+        if merged is not None:
+            return lower(*merged)
         return original(x, indices)
 
     return lower
+
+
+def _index_of_merged_dims(x, live):
+    """``x[i, j]`` with integer index tensors on adjacent dims d..d+k-1 (CLIP's pooling
+    ``h[arange(B), ids.argmax(-1)]``) is ``x`` with those dims merged, indexed by the one linear index
+    ``i * size(d+1) + j`` (broadcast): the one-index forms above then keep it on the gather generator.
+    Negative indices count from the end, as in torch. None for other forms."""
+    dims = [d for d, _ in live]
+    if len(live) < 2 or dims != list(range(dims[0], dims[0] + len(dims))) or any(_is_bool(t) for _, t in live) \
+            or any(t.get_dtype().is_floating_point for _, t in live):
+        return None
+    size = list(x.get_size())
+    d0, k = dims[0], len(dims)
+    aten = torch.ops.aten
+    add, mul = torch_inductor.lowering_for(aten.add.Tensor), torch_inductor.lowering_for(aten.mul.Tensor)
+    where, lt = torch_inductor.lowering_for(aten.where.self), torch_inductor.lowering_for(aten.lt.Scalar)
+    linear = None
+    for (d, t) in live:
+        wrapped = where(lt(t, 0), add(t, size[d]), t)  # torch's negative indices
+        linear = wrapped if linear is None else add(mul(linear, size[d]), wrapped)
+    flat = 1
+    for n in size[d0:d0 + k]:
+        flat = flat * n
+    view = torch_inductor.lowering_for(aten.view.default)
+    merged = view(x, [*size[:d0], flat, *size[d0 + k:]])
+    return merged, [None] * d0 + [linear]
 
 
 def _is_bool(x) -> bool:
@@ -230,7 +259,8 @@ def _varies_only_along(index, dim: int) -> bool:
 
 
 def _gather_operand(x, starts_rows: bool = False):
-    """What the gather generator reads in place: a view whose last dim is unit-stride and walks one dim
+    """What the gather generator reads in place (its index, and its source: a row gather moves the source's
+    rows as fixed sets of sticks, which a view merging dims of its buffer or starting inside a row is not): a view whose last dim is unit-stride and walks one dim
     of its buffer (sticks of one row evenly spaced). Anything else gets a copy in its own layout.
     ``starts_rows``: gathered rows must also start at the first lane of a stick (a row gather moves whole
     sticks), so a view starting inside its buffer's last dim is copied too."""
