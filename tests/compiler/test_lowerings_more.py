@@ -370,6 +370,14 @@ def test_index_with_several_index_tensors(dtype):
           torch.tensor([[1], [4]]))  # broadcast to [2, 3]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_index_counts_negative_indices_from_the_end(dtype):
+    """``x[idx]`` takes -1 as the last row (Falcon's compiled forward stopped on "gather index -2 ... outside
+    [0, 6)"); index_select and embedding do not, and still stop on them."""
+    check(lambda x, i: x[i] * 2, rnd(6, 64, dtype=dtype), torch.tensor([-2, 0, 5, -6]))
+    check(lambda x, i: x[:, i], rnd(3, 6, 64, dtype=dtype), torch.tensor([[-1, 2], [0, -3]]))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_matrix_vector_products(dtype):
     """N == 1 (transformers' batched_mm MoE experts: ``bmm(weight, x.unsqueeze(-1))``): a multiply and a sum

@@ -175,8 +175,9 @@ def _lower_index(original):
 
     def lower(x, indices):
         live = [(d, t) for d, t in enumerate(indices) if t is not None]
-        if len(live) == 1:
+        if len(live) == 1 and not _is_bool(live[0][1]):
             d, idx = live[0]
+            idx = _from_the_end(idx, x.get_size()[d])
             if len(idx.get_size()) == 1:
                 return _lower_index_select(x, d, idx)
             if d == 0 and len(x.get_size()) == 2:
@@ -194,6 +195,14 @@ def _lower_index(original):
     return lower
 
 
+def _from_the_end(index, size):
+    """``x[idx]`` counts negative indices from the end (index_select and embedding do not; the gather
+    generator stops on them): Falcon's ``x[..., -2]``-style reads failed on the card as out of range."""
+    aten = torch.ops.aten
+    where, lt = torch_inductor.lowering_for(aten.where.self), torch_inductor.lowering_for(aten.lt.Scalar)
+    return where(lt(index, 0), torch_inductor.lowering_for(aten.add.Tensor)(index, size), index)
+
+
 def _index_of_merged_dims(x, live):
     """``x[i, j]`` with integer index tensors on adjacent dims d..d+k-1 (CLIP's pooling
     ``h[arange(B), ids.argmax(-1)]``) is ``x`` with those dims merged, indexed by the one linear index
@@ -207,10 +216,9 @@ def _index_of_merged_dims(x, live):
     d0, k = dims[0], len(dims)
     aten = torch.ops.aten
     add, mul = torch_inductor.lowering_for(aten.add.Tensor), torch_inductor.lowering_for(aten.mul.Tensor)
-    where, lt = torch_inductor.lowering_for(aten.where.self), torch_inductor.lowering_for(aten.lt.Scalar)
     linear = None
     for (d, t) in live:
-        wrapped = where(lt(t, 0), add(t, size[d]), t)  # torch's negative indices
+        wrapped = _from_the_end(t, size[d])
         linear = wrapped if linear is None else add(mul(linear, size[d]), wrapped)
     flat = 1
     for n in size[d0:d0 + k]:
