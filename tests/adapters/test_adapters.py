@@ -26,7 +26,7 @@ def moe_model():
 
 
 def test_unknown_adapter_name_is_a_clear_error():
-    with pytest.raises(ValueError, match="no adapter named 'nope'; the adapters are: moe_batched_mm"):
+    with pytest.raises(ValueError, match="no adapter named .nope.; the adapters are: moe_batched_mm, complex_rope_real"):
         adapters.adapt(torch.nn.Linear(2, 2), ["nope"])
 
 
@@ -98,4 +98,30 @@ def test_moe_batched_mm_fixes_the_eager_spyre_forward():
     assert built.model.spyre_adapters == ("moe_batched_mm",)
     # fp32 matmuls on the card round their operands for the PE arrays (docs/numerics.md): a few 1e-4.
     torch.testing.assert_close(out, ref, atol=3e-3, rtol=1e-2)
+    assert torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0) >= 0.9999
+
+
+def test_complex_rope_real_is_equivalent_on_cpu():
+    built = catalog.build("deepseek_v2")
+    ref = catalog.reference(built)
+    adapters.adapt(built.model, ["complex_rope_real"])
+    assert built.model.spyre_adapters == ("complex_rope_real",)
+    torch.testing.assert_close(catalog.reference(built), ref, atol=1e-5, rtol=1e-5)
+    stock = catalog.build("deepseek_v2")  # the module's apply_rotary_emb is wrapped, a stock model is unchanged
+    torch.testing.assert_close(catalog.reference(stock), ref, atol=0, rtol=0)
+
+
+@pytest.mark.slow
+def test_complex_rope_real_fixes_the_eager_spyre_forward():
+    """Before: the model fails on spyre (no complex64 on the card). After: it matches the CPU. (DeepSeek-V2 is
+    a MoE model too: both sides get moe_batched_mm, so what differs is the rotary embedding alone.)"""
+    built = catalog.build("deepseek_v2")
+    ref = catalog.reference(built)
+    inputs = {k: v.to("spyre") for k, v in built.inputs.items()}
+    stock = torch_spyre.adapt(catalog.build("deepseek_v2").model, adapters=["moe_batched_mm"]).to("spyre")
+    with torch.no_grad(), pytest.raises(Exception, match="cannot hold complex64"):
+        stock(**inputs)
+    with torch.no_grad():
+        out = built.model.to("spyre")(**inputs).logits.cpu()
+    assert built.model.spyre_adapters == ("moe_batched_mm", "complex_rope_real")
     assert torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0) >= 0.9999

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from . import moe  # noqa: F401 - registers its adapter
+from . import moe, rope  # noqa: F401 - register their adapters
 from .registry import Adapter, get, register, registered
 
 __all__ = ["Adapter", "adapt", "get", "register", "registered"]
