@@ -29,7 +29,8 @@ SIZES: dict[str, Any] = {
                      "decoder_attention_heads"], HEADS),
     **dict.fromkeys(["num_key_value_heads", "n_kv_heads", "num_kv_heads"], 2),
     "head_dim": HIDDEN // HEADS,
-    **dict.fromkeys(["vocab_size", "n_vocab"], 256),
+    **dict.fromkeys(["vocab_size", "n_vocab", "vocab_size_per_layer_input"], 256),  # Gemma3n: a per-layer table too
+    "hidden_size_per_layer_input": HIDDEN // HEADS,
     **dict.fromkeys(["num_experts", "num_local_experts", "n_routed_experts"], 4),
     **dict.fromkeys(["num_experts_per_tok", "moe_topk", "top_k"], 2),
     **dict.fromkeys(["max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length"], 128),
