@@ -3,7 +3,7 @@
 - the matmul family (``mm``, ``bmm``, ``addmm``, ``baddbmm``) -> generator "matmul" (fp32 operands as 16-bit
   parts for the PE arrays at ``torch.get_float32_matmul_precision()``, ``fp32_matmul.py``; views that
   merge dims of their buffer are copied first);
-- ``embedding``, ``index_select``, one-tensor ``index``, ``gather`` -> generator "gather";
+- ``embedding``, ``index_select``, ``index`` (one index tensor, or several on adjacent dims), ``gather`` -> generator "gather";
 - ``cumsum`` -> a log-step scan of pointwise kernels;
 - ``spyre::flash_attention`` (traced SDPA on spyre, ``device/sdpa.py``) -> generator "attention".
 
@@ -170,7 +170,8 @@ def _element_index_select(x, index):
 def _lower_index(original):
     """``x[idx]`` (``aten.index.Tensor`` with one index tensor): an index_select along its dim for a
     1-d index, an embedding row gather for a 2-d source indexed on dim 0, an index_select of the
-    flattened index (viewed back) for other integer indices (``torch.take``); other forms keep
+    flattened index (viewed back) for other integer indices (``torch.take``); negative indices count from
+    the end. Integer index tensors on adjacent dims (``x[i, j]``) index the merged dims. Other forms keep
     Inductor's lowering (indirect indexing, which the pointwise generator refuses with a clear error)."""
 
     def lower(x, indices):
