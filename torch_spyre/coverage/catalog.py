@@ -142,6 +142,10 @@ def shrunk_config(model_type: str):
             kwargs = _shrunk_kwargs(default, diff_subconfigs=diff)
             return cls(**kwargs), kwargs
         except Exception as e:  # noqa: BLE001
+            from .check import ModelTimeout
+
+            if isinstance(e, ModelTimeout):  # the model's time ran out: not a reason to try the other form
+                raise
             error = error or e
     raise NotBuildable(f"config cannot be shrunk: {type(error).__name__}: {_first_line(error)}") from None
 
