@@ -359,6 +359,25 @@ def test_gather_index_that_merges_dims_of_a_host_result():
     torch.testing.assert_close(run_compiled(route, w, logits), route(w, logits), **TOL[torch.float32])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_index_with_several_index_tensors(dtype):
+    """``x[i, j]`` on adjacent dims is one gather of the merged dims by ``i * size + j`` (CLIP's pooling
+    ``h[arange(B), ids.argmax(-1)]`` failed to compile: the pair became indirect indexing in a pointwise
+    kernel). The merged view of an input is copied first (its rows are not a fixed set of sticks)."""
+    check(lambda h, ids: h[torch.arange(h.shape[0], device=h.device), ids.argmax(-1)] + 1,
+          rnd(2, 8, 64, dtype=dtype), ints(100, 2, 8))
+    check(lambda h, i, j: h[:, i, j], rnd(3, 4, 5, 64, dtype=dtype), torch.tensor([0, 3, -1]),  # negative: from the end
+          torch.tensor([[1], [4]]))  # broadcast to [2, 3]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_index_counts_negative_indices_from_the_end(dtype):
+    """``x[idx]`` takes -1 as the last row (Falcon's compiled forward stopped on "gather index -2 ... outside
+    [0, 6)"); index_select and embedding do not, and still stop on them."""
+    check(lambda x, i: x[i] * 2, rnd(6, 64, dtype=dtype), torch.tensor([-2, 0, 5, -6]))
+    check(lambda x, i: x[:, i], rnd(3, 6, 64, dtype=dtype), torch.tensor([[-1, 2], [0, -3]]))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_matrix_vector_products(dtype):
     """N == 1 (transformers' batched_mm MoE experts: ``bmm(weight, x.unsqueeze(-1))``): a multiply and a sum

@@ -42,6 +42,27 @@ def test_shrunk_config_and_inputs():
     assert catalog.classify("t5")[0] == "encoder-decoder"
 
 
+@pytest.mark.parametrize("model_type", ["gptj", "deepseek_v3", "deepseek_v2", "gemma3n_text", "bamba", "esmc",
+                                        "gpt_neo", "bros", "dots1"])
+def test_shrunk_configs_stay_consistent(model_type):
+    """Each of these failed to build or to run on the CPU when only the size fields were shrunk (docs/coverage.md,
+    "Per-family shrinking"); build() runs the CPU forward."""
+    built = catalog.build(model_type)
+    cfg = built.model.config
+    assert cfg.num_hidden_layers <= 4 and catalog.compared(built, built.model(**built.inputs)).isfinite().all()
+
+
+def test_shrinking_derives_dims_from_the_new_sizes():
+    gptj = catalog.build("gptj").model.config
+    assert gptj.rotary_dim == 4 and gptj.n_embd // gptj.n_head == 16  # 64 of 256 in GPT-J 6B: the same quarter
+    v3 = catalog.build("deepseek_v3").model.config
+    assert (v3.qk_rope_head_dim, v3.qk_nope_head_dim, v3.v_head_dim, v3.n_group, v3.topk_group) == (8, 8, 16, 2, 1)
+    assert catalog.build("esmc").model.config.num_key_value_heads == 4  # multi-head attention stays so
+    assert catalog.build("llama").model.config.num_key_value_heads == 4  # Llama 2 7B: multi-head (32 of 32)
+    assert catalog.build("mistral").model.config.num_key_value_heads == 2  # grouped-query (8 of 32) stays so
+    assert set(catalog.build("gemma3n_text").model.config.layer_types) == {"sliding_attention", "full_attention"}
+
+
 def test_unknown_model_type_is_not_buildable():
     record = check.check_model("no-such-model")
     assert record["status"] == "not_buildable" and "unknown model_type" in record["reason"]

@@ -189,3 +189,23 @@ def print_as_float32(device_type: str) -> None:
 
     tensor_totype.__spyre_original__ = original  # type: ignore[attr-defined]
     ts.tensor_totype = tensor_totype
+
+
+def call_after_module_to(hook: Callable[[torch.nn.Module], None]) -> None:
+    """Patch: ``torch.nn.Module.to`` calls ``hook(module)`` after every move (one hook, installed once).
+
+    Public API, but a process-wide change of torch, so it lives here: the adapters use it to adapt a
+    transformers model that reaches spyre inside a container (a SentenceTransformer's ``nn.Sequential``)."""
+    original = torch.nn.Module.to
+    if getattr(original, "__spyre_original__", None) is not None:
+        return
+
+    @functools.wraps(original)
+    def to(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        if isinstance(out, torch.nn.Module):
+            hook(out)
+        return out
+
+    to.__spyre_original__ = original  # type: ignore[attr-defined]
+    torch.nn.Module.to = to

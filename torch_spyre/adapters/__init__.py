@@ -5,15 +5,16 @@
     torch_spyre.adapters.adapt(model, adapters=[])       none, and none later (opt out)
 
 The applied set is ``model.spyre_adapters`` (a tuple of names). A transformers model is adapted
-automatically when it moves to spyre (``auto.py`` wraps ``PreTrainedModel.to``), which covers
-``torch.compile`` of a model on spyre too; adapting is idempotent and cheap (a few attribute checks).
+automatically when it reaches spyre (``auto.py``: its own ``.to``, a container's ``.to`` such as a
+SentenceTransformer's, or ``from_pretrained(..., device_map="spyre")``), which covers ``torch.compile`` of a
+model on spyre too; adapting is idempotent and cheap (a few attribute checks).
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import moe  # noqa: F401 - registers its adapter
+from . import moe, rope  # noqa: F401 - register their adapters
 from .registry import Adapter, get, register, registered
 
 __all__ = ["Adapter", "adapt", "get", "register", "registered"]

@@ -1,18 +1,29 @@
-"""Adapt a transformers model automatically when it moves to spyre.
+"""Adapt transformers models automatically when they reach spyre.
 
-``install()`` (called when torch_spyre registers) wraps ``transformers.PreTrainedModel.to`` so that a
-model whose parameters end up on spyre is adapted (``adapters.auto_adapt``; a model that opted out with
-``adapt(model, adapters=[])`` is left alone). It must not import transformers (registration is cheap): if
-``transformers.modeling_utils`` is not imported yet, a meta-path finder wraps the method right after that
-module is first executed, and then takes itself off ``sys.meta_path``.
+A model reaches spyre in one of three ways, and each one is covered:
+
+- ``model.to("spyre")``, and a container's ``.to("spyre")`` (``SentenceTransformer(path, device="spyre")``
+  moves its ``nn.Sequential``; the transformers model inside never sees its own ``.to``): ``install()`` wraps
+  ``torch.nn.Module.to``, and a module that ends up on spyre has every outermost transformers model inside it
+  adapted;
+- ``from_pretrained(..., device_map="spyre")``, which loads the weights straight onto the device with no
+  ``.to``: ``PreTrainedModel.from_pretrained`` is wrapped too.
+
+A model that opted out with ``adapt(model, adapters=[])`` is left alone (``adapters.auto_adapt``).
+Registration must stay cheap and must not import transformers: if ``transformers.modeling_utils`` is not
+imported yet, a meta-path finder wraps ``from_pretrained`` right after that module is first executed, and
+then takes itself off ``sys.meta_path``; the ``.to`` wrapper finds ``PreTrainedModel`` in ``sys.modules``.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.util
 import sys
 from typing import Any
+
+import torch
 
 _MODULE = "transformers.modeling_utils"
 
@@ -23,24 +34,45 @@ def _on_spyre(model: Any) -> bool:
     return first is not None and first.device.type == "spyre"
 
 
-def _patch(module: Any) -> None:
+def _adapt_inside(module: torch.nn.Module) -> None:
+    """Adapt the outermost transformers models in ``module`` (itself included) whose weights are on spyre."""
+    transformers_module = sys.modules.get(_MODULE)
+    cls = getattr(transformers_module, "PreTrainedModel", None)
+    if cls is None:
+        return  # transformers not imported: no transformers model can be in there
+    from . import auto_adapt
+
+    stack = [module]
+    while stack:
+        m = stack.pop()
+        if isinstance(m, cls):
+            if _on_spyre(m):
+                auto_adapt(m)  # an adapter rewrites the whole model, inner PreTrainedModels included
+        else:
+            stack.extend(m.children())
+
+
+def _after_to(module: torch.nn.Module) -> None:
+    if _on_spyre(module):
+        _adapt_inside(module)
+
+
+def _patch_from_pretrained(module: Any) -> None:
     cls = getattr(module, "PreTrainedModel", None)
-    if cls is None or getattr(cls.to, "_spyre_adapts", False):
+    if cls is None or getattr(cls.from_pretrained, "_spyre_adapts", False):
         return
-    original = cls.to
+    original = cls.from_pretrained.__func__
 
-    def to(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
-        if _on_spyre(out):
-            from . import auto_adapt
-
-            auto_adapt(out)
+    @functools.wraps(original)
+    def from_pretrained(klass, *args, **kwargs):
+        out = original(klass, *args, **kwargs)
+        model = out[0] if isinstance(out, tuple) else out  # output_loading_info=True returns (model, info)
+        if isinstance(model, torch.nn.Module) and _on_spyre(model):
+            _adapt_inside(model)
         return out
 
-    to._spyre_adapts = True
-    to.__wrapped__ = original
-    to.__doc__ = original.__doc__
-    cls.to = to
+    from_pretrained._spyre_adapts = True
+    cls.from_pretrained = classmethod(from_pretrained)
 
 
 class _Loader(importlib.abc.Loader):
@@ -52,7 +84,7 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self.inner.exec_module(module)
-        _patch(module)
+        _patch_from_pretrained(module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -67,9 +99,12 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    """Adapt transformers models moved to spyre from now on (idempotent, imports nothing)."""
+    """Adapt transformers models that reach spyre from now on (idempotent, imports nothing)."""
+    from .._torch.device import call_after_module_to
+
+    call_after_module_to(_after_to)
     module = sys.modules.get(_MODULE)
     if module is not None:
-        _patch(module)
+        _patch_from_pretrained(module)
     elif not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())

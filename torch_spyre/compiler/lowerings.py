@@ -3,7 +3,7 @@
 - the matmul family (``mm``, ``bmm``, ``addmm``, ``baddbmm``) -> generator "matmul" (fp32 operands as 16-bit
   parts for the PE arrays at ``torch.get_float32_matmul_precision()``, ``fp32_matmul.py``; views that
   merge dims of their buffer are copied first);
-- ``embedding``, ``index_select``, one-tensor ``index``, ``gather`` -> generator "gather";
+- ``embedding``, ``index_select``, ``index`` (one index tensor, or several on adjacent dims), ``gather`` -> generator "gather";
 - ``cumsum`` -> a log-step scan of pointwise kernels;
 - ``spyre::flash_attention`` (traced SDPA on spyre, ``device/sdpa.py``) -> generator "attention".
 
@@ -138,7 +138,7 @@ def _matrix_vector(a, b):
 
 
 def _lower_embedding(weight, indices, *args, **kwargs):
-    w, i = torch_inductor.realize_input(weight), _gather_operand(indices)
+    w, i = _gather_operand(weight, starts_rows=True), _gather_operand(indices)
     size = [*i.get_size(), w.get_size()[1]]
     return _extern("gather", "embedding", ["source", "index"], [w, i], size, w.get_dtype(),
                    {"kind": "embedding", "dim": 0})
@@ -148,7 +148,7 @@ def _lower_index_select(x, dim, index):
     rank = len(x.get_size())
     if rank >= 1 and dim % rank == rank - 1:
         return _element_index_select(x, index)
-    src, idx = torch_inductor.realize_input(x), _gather_operand(index)
+    src, idx = _gather_operand(x, starts_rows=True), _gather_operand(index)
     dim = dim % max(len(src.get_size()), 1)
     size = list(src.get_size())
     size[dim] = idx.get_numel()
@@ -170,13 +170,15 @@ def _element_index_select(x, index):
 def _lower_index(original):
     """``x[idx]`` (``aten.index.Tensor`` with one index tensor): an index_select along its dim for a
     1-d index, an embedding row gather for a 2-d source indexed on dim 0, an index_select of the
-    flattened index (viewed back) for other integer indices (``torch.take``); other forms keep
+    flattened index (viewed back) for other integer indices (``torch.take``); negative indices count from
+    the end. Integer index tensors on adjacent dims (``x[i, j]``) index the merged dims. Other forms keep
     Inductor's lowering (indirect indexing, which the pointwise generator refuses with a clear error)."""
 
     def lower(x, indices):
         live = [(d, t) for d, t in enumerate(indices) if t is not None]
-        if len(live) == 1:
+        if len(live) == 1 and not _is_bool(live[0][1]):
             d, idx = live[0]
+            idx = _from_the_end(idx, x.get_size()[d])
             if len(idx.get_size()) == 1:
                 return _lower_index_select(x, d, idx)
             if d == 0 and len(x.get_size()) == 2:
@@ -186,9 +188,45 @@ def _lower_index(original):
                 picked = _lower_index_select(x, d, view(idx, [idx.get_numel()]))
                 size = list(x.get_size())
                 return view(picked, [*size[:d], *idx.get_size(), *size[d + 1:]])
+        merged = _index_of_merged_dims(x, live)
+        if merged is not None:
+            return lower(*merged)
         return original(x, indices)
 
     return lower
+
+
+def _from_the_end(index, size):
+    """``x[idx]`` counts negative indices from the end (index_select and embedding do not; the gather
+    generator stops on them): Falcon's ``x[..., -2]``-style reads failed on the card as out of range."""
+    aten = torch.ops.aten
+    where, lt = torch_inductor.lowering_for(aten.where.self), torch_inductor.lowering_for(aten.lt.Scalar)
+    return where(lt(index, 0), torch_inductor.lowering_for(aten.add.Tensor)(index, size), index)
+
+
+def _index_of_merged_dims(x, live):
+    """``x[i, j]`` with integer index tensors on adjacent dims d..d+k-1 (CLIP's pooling
+    ``h[arange(B), ids.argmax(-1)]``) is ``x`` with those dims merged, indexed by the one linear index
+    ``i * size(d+1) + j`` (broadcast): the one-index forms above then keep it on the gather generator.
+    Negative indices count from the end, as in torch. None for other forms."""
+    dims = [d for d, _ in live]
+    if len(live) < 2 or dims != list(range(dims[0], dims[0] + len(dims))) or any(_is_bool(t) for _, t in live) \
+            or any(t.get_dtype().is_floating_point for _, t in live):
+        return None
+    size = list(x.get_size())
+    d0, k = dims[0], len(dims)
+    aten = torch.ops.aten
+    add, mul = torch_inductor.lowering_for(aten.add.Tensor), torch_inductor.lowering_for(aten.mul.Tensor)
+    linear = None
+    for (d, t) in live:
+        wrapped = _from_the_end(t, size[d])
+        linear = wrapped if linear is None else add(mul(linear, size[d]), wrapped)
+    flat = 1
+    for n in size[d0:d0 + k]:
+        flat = flat * n
+    view = torch_inductor.lowering_for(aten.view.default)
+    merged = view(x, [*size[:d0], flat, *size[d0 + k:]])
+    return merged, [None] * d0 + [linear]
 
 
 def _is_bool(x) -> bool:
@@ -230,7 +268,8 @@ def _varies_only_along(index, dim: int) -> bool:
 
 
 def _gather_operand(x, starts_rows: bool = False):
-    """What the gather generator reads in place: a view whose last dim is unit-stride and walks one dim
+    """What the gather generator reads in place (its index, and its source: a row gather moves the source's
+    rows as fixed sets of sticks, which a view merging dims of its buffer or starting inside a row is not): a view whose last dim is unit-stride and walks one dim
     of its buffer (sticks of one row evenly spaced). Anything else gets a copy in its own layout.
     ``starts_rows``: gathered rows must also start at the first lane of a stick (a row gather moves whole
     sticks), so a view starting inside its buffer's last dim is copied too."""

@@ -1,7 +1,7 @@
 """Every ``model_type`` of the installed transformers, built offline from a shrunken config.
 
 A model is built from its config class's defaults with the size fields shrunk (hidden 64, 2 layers,
-4 heads, vocab 256, ...; every sub-config too), random weights and synthesised inputs of the kind its
+4 heads, vocab 256, ...; every sub-config too; ``shrink.py`` keeps the derived fields consistent), random weights and synthesised inputs of the kind its
 ``main_input_name`` asks for (token ids, pixel values, audio samples or features). Nothing is downloaded.
 
 A model type that cannot be built this way (no model class, a config whose defaults need a checkpoint,
@@ -10,35 +10,16 @@ inputs we cannot synthesise, a CPU forward that fails) is :class:`NotBuildable`:
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from . import shrink
+
 SEQ_LEN = 8
 BATCH = 2
-HIDDEN = 64
-
-# Size fields and their shrunken values (set only where the config has the field).
-_SHRINK: dict[str, Any] = {
-    **dict.fromkeys(["hidden_size", "d_model", "n_embd", "embed_dim", "dim", "word_embed_proj_dim",
-                     "embedding_size", "projection_dim", "text_embed_dim", "vision_embed_dim",
-                     "hidden_dim"], HIDDEN),
-    **dict.fromkeys(["intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner",
-                     "moe_intermediate_size", "shared_expert_intermediate_size"], 2 * HIDDEN),
-    **dict.fromkeys(["num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers",
-                     "decoder_layers", "num_decoder_layers", "num_encoder_layers"], 2),
-    **dict.fromkeys(["num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
-                     "decoder_attention_heads"], 4),
-    **dict.fromkeys(["num_key_value_heads", "n_kv_heads", "num_kv_heads"], 2),
-    "head_dim": 16,
-    **dict.fromkeys(["vocab_size", "n_vocab"], 256),
-    **dict.fromkeys(["num_experts", "num_local_experts", "n_routed_experts"], 4),
-    **dict.fromkeys(["num_experts_per_tok", "moe_topk", "top_k"], 2),
-    **dict.fromkeys(["max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length"], 128),
-}
-_TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
-                    "cls_token_id", "mask_token_id", "unk_token_id")
 
 
 class NotBuildable(Exception):
@@ -120,23 +101,15 @@ def classify(model_type: str) -> tuple[str, str]:
     return family, modality
 
 
-def _shrunk_kwargs(cfg) -> dict[str, Any]:
-    """Constructor overrides that shrink ``cfg`` (a config instance with its defaults), sub-configs included."""
+def _shrunk_kwargs(cfg, diff_subconfigs: bool = False) -> dict[str, Any]:
+    """Constructor overrides that shrink ``cfg`` (a config instance with its defaults), sub-configs included.
+    ``diff_subconfigs``: a sub-config is passed without the generic fields every config has (for the sub-config classes
+    that refuse the generic fields of a full ``to_dict()``, e.g. DBRX's)."""
     from transformers import PretrainedConfig
 
-    out: dict[str, Any] = {}
     values = cfg.to_dict()
-    for key, value in _SHRINK.items():
-        if key in values and isinstance(values[key], int) and not isinstance(values[key], bool) and values[key] > value:
-            out[key] = value
-    # A vocab of 256 must still hold the special token ids.
-    if "vocab_size" in out:
-        for key in _TOKEN_ID_FIELDS:
-            v = values.get(key)
-            if isinstance(v, int) and v >= out["vocab_size"]:
-                out[key] = min(out["vocab_size"] - 1, 2)
-    if isinstance(values.get("layer_types"), list) and "num_hidden_layers" in out:
-        out["layer_types"] = values["layer_types"][: out["num_hidden_layers"]]
+    out = shrink.sizes(values)
+    shrink.consistent(values, out)
     for key in ("image_size",):
         size, patch = values.get(key), values.get("patch_size")
         if isinstance(size, int) and isinstance(patch, int) and size > 64 and 64 % patch == 0:
@@ -144,8 +117,11 @@ def _shrunk_kwargs(cfg) -> dict[str, Any]:
     for key in list(values):
         sub = getattr(cfg, key, None)
         if isinstance(sub, PretrainedConfig):
-            sub_kwargs = _shrunk_kwargs(sub)
-            out[key] = {**sub.to_dict(), **sub_kwargs}
+            base = sub.to_dict()
+            if diff_subconfigs:
+                generic = PretrainedConfig().to_dict()
+                base = {k: v for k, v in base.items() if k not in generic or k == "model_type"}
+            out[key] = {**base, **_shrunk_kwargs(sub, diff_subconfigs)}
     return out
 
 
@@ -158,11 +134,20 @@ def shrunk_config(model_type: str):
     cls = CONFIG_MAPPING[model_type]
     try:
         default = cls()
-        kwargs = _shrunk_kwargs(default)
-        cfg = cls(**kwargs)
     except Exception as e:  # noqa: BLE001 - any failure to make the config means "cannot shrink"
         raise NotBuildable(f"config cannot be shrunk: {type(e).__name__}: {_first_line(e)}") from None
-    return cfg, kwargs
+    error = None
+    for diff in (False, True):
+        try:
+            kwargs = _shrunk_kwargs(default, diff_subconfigs=diff)
+            return cls(**kwargs), kwargs
+        except Exception as e:  # noqa: BLE001
+            from .check import ModelTimeout
+
+            if isinstance(e, ModelTimeout):  # the model's time ran out: not a reason to try the other form
+                raise
+            error = error or e
+    raise NotBuildable(f"config cannot be shrunk: {type(error).__name__}: {_first_line(error)}") from None
 
 
 def _first_line(e: BaseException) -> str:
@@ -195,6 +180,8 @@ def _inputs(model, cfg, family: str) -> dict[str, torch.Tensor]:
         out = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         if family == "encoder-decoder":
             out["decoder_input_ids"] = ids[:, : SEQ_LEN // 2].clone()
+        if "bbox" in inspect.signature(model.forward).parameters:
+            out["bbox"] = _boxes(cfg, gen)
         return out
     if name == "pixel_values":
         vc = getattr(cfg, "vision_config", None) or cfg
@@ -212,6 +199,16 @@ def _inputs(model, cfg, family: str) -> dict[str, torch.Tensor]:
             out["decoder_input_ids"] = torch.tensor([[1, 2]])
         return out
     raise NotBuildable(f"cannot synthesise the input {name!r}")
+
+
+def _boxes(cfg, gen: torch.Generator) -> torch.Tensor:
+    """Token bounding boxes for document models: BROS's normalised ``dim_bbox`` coordinates, else LayoutLM's
+    (x0, y0, x1, y1) on its 0..1000 grid."""
+    dim = getattr(cfg, "dim_bbox", None)
+    if isinstance(dim, int):
+        return torch.rand(BATCH, SEQ_LEN, dim, generator=gen)
+    corner = torch.randint(0, 500, (BATCH, SEQ_LEN, 2), generator=gen)
+    return torch.cat([corner, corner + torch.randint(1, 500, (BATCH, SEQ_LEN, 2), generator=gen)], dim=-1)
 
 
 def build(model_type: str, seed: int = 0) -> Built:

@@ -1,0 +1,167 @@
+"""Shrink a transformers config to a tiny, self-consistent one (hidden 64, 2 layers, 4 heads, vocab 256, ...).
+
+Shrinking the size fields alone breaks the configs whose other fields are derived from them: an explicit
+``head_dim`` or ``rotary_dim`` sized for the full model, multi-head latent attention's ranks and rope dims,
+expert groups larger than the shrunken expert count, per-layer lists (``layer_types`` and its kin) cut to
+the first two entries (which may drop the only attention layer, or a layer type the model looks up).
+``consistent`` fixes those up per family of fields, so the shrunken model still runs on the CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+HIDDEN = 64
+HEADS = 4
+LAYERS = 2
+MAX_LAYERS = 4  # more layers only to keep every distinct layer type
+
+# Size fields and their shrunken values (set only where the config has the field with a larger int).
+SIZES: dict[str, Any] = {
+    **dict.fromkeys(["hidden_size", "d_model", "n_embd", "embed_dim", "dim", "word_embed_proj_dim",
+                     "embedding_size", "projection_dim", "text_embed_dim", "vision_embed_dim",
+                     "hidden_dim"], HIDDEN),
+    **dict.fromkeys(["intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner",
+                     "moe_intermediate_size", "shared_expert_intermediate_size"], 2 * HIDDEN),
+    **dict.fromkeys(["num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers",
+                     "decoder_layers", "num_decoder_layers", "num_encoder_layers"], LAYERS),
+    **dict.fromkeys(["num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
+                     "decoder_attention_heads"], HEADS),
+    **dict.fromkeys(["num_key_value_heads", "n_kv_heads", "num_kv_heads"], 2),
+    "head_dim": HIDDEN // HEADS,
+    **dict.fromkeys(["vocab_size", "n_vocab", "vocab_size_per_layer_input"], 256),  # Gemma3n: a per-layer table too
+    "hidden_size_per_layer_input": HIDDEN // HEADS,
+    **dict.fromkeys(["num_experts", "num_local_experts", "n_routed_experts"], 4),
+    **dict.fromkeys(["num_experts_per_tok", "moe_topk", "top_k"], 2),
+    **dict.fromkeys(["max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length"], 128),
+}
+TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
+                   "cls_token_id", "mask_token_id", "unk_token_id")
+_HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd", "embed_dim", "dim")
+_HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads")
+_KV_KEYS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads")
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _first(d: dict, keys: tuple[str, ...]) -> tuple[str | None, Any]:
+    for k in keys:
+        if _int(d.get(k)):
+            return k, d[k]
+    return None, None
+
+
+def sizes(values: dict[str, Any]) -> dict[str, Any]:
+    """The size fields of ``values`` (a config's ``to_dict()``) shrunk, special token ids kept in the vocab."""
+    out = {k: v for k, v in SIZES.items() if _int(values.get(k)) and values[k] > v}
+    if values.get("vocab_size", 0) is None:  # a default that needs a tokenizer (ESM): give it one
+        out["vocab_size"] = SIZES["vocab_size"]
+        if "pad_token_id" in values and values["pad_token_id"] is None:
+            out["pad_token_id"] = 1
+    if "vocab_size" in out:
+        for key in TOKEN_ID_FIELDS:
+            v = values.get(key)
+            if _int(v) and v >= out["vocab_size"]:
+                out[key] = min(out["vocab_size"] - 1, 2)
+    return out
+
+
+def consistent(values: dict[str, Any], out: dict[str, Any]) -> None:
+    """Fix up ``out`` (the shrunk fields of ``values``) so the derived fields agree with the new sizes."""
+    _heads(values, out)
+    _latent_attention(values, out)
+    _experts(values, out)
+    _layers(values, out)
+
+
+def _heads(values: dict, out: dict) -> None:
+    hk, heads = _first(values, _HEAD_KEYS)
+    _, hidden = _first(values, _HIDDEN_KEYS)
+    if hk is None:
+        return
+    new_heads = out.get(hk, heads)
+    for kv in _KV_KEYS:  # multi-head attention stays multi-head (some configs insist: ESMC)
+        if _int(values.get(kv)) and values[kv] == heads:
+            out[kv] = new_heads
+    if not _int(hidden):
+        return
+    new_hidden = next((out[k] for k in _HIDDEN_KEYS if k in out), hidden)
+    old_head_dim = values["head_dim"] if _int(values.get("head_dim")) else hidden // heads
+    new_head_dim = new_hidden // new_heads
+    if _int(values.get("head_dim")):
+        out["head_dim"] = new_head_dim
+    rot = values.get("rotary_dim")
+    if _int(rot) and old_head_dim:  # partial rotary sized for the full head: keep the same fraction
+        out["rotary_dim"] = max(2, min(new_head_dim, round(rot * new_head_dim / old_head_dim / 2) * 2))
+
+
+def _latent_attention(values: dict, out: dict) -> None:
+    """Multi-head latent attention (DeepSeek V2/V3 and kin): small ranks, rope and nope dims that add up."""
+    if not _int(values.get("kv_lora_rank")):
+        return
+    head_dim = out.get("head_dim", HIDDEN // HEADS)
+    out.update(kv_lora_rank=2 * head_dim, qk_rope_head_dim=head_dim // 2, qk_nope_head_dim=head_dim // 2,
+               v_head_dim=head_dim)
+    if _int(values.get("q_lora_rank")):
+        out["q_lora_rank"] = 2 * head_dim
+    if "head_dim" in values:
+        out["head_dim"] = head_dim // 2  # these configs set head_dim to the rope dim
+    if _int(values.get("index_head_dim")):  # DeepSeek sparse attention's indexer
+        out["index_head_dim"] = head_dim
+        out["index_n_heads"] = min(values.get("index_n_heads") or HEADS, HEADS)
+
+
+def _experts(values: dict, out: dict) -> None:
+    ek = next((k for k in _EXPERT_KEYS if k in values), None)
+    if ek is not None and values[ek] is None and "num_experts_per_tok" in values \
+            and values["num_experts_per_tok"] is None and _int(values.get("moe_intermediate_size")):
+        out[ek], out["num_experts_per_tok"] = SIZES[ek], SIZES["num_experts_per_tok"]  # Dots1: MoE without a count
+        if "n_shared_experts" in values and values["n_shared_experts"] is None:
+            out["n_shared_experts"] = 1
+    elif _int(values.get(ek)) and "num_experts_per_tok" in values and values["num_experts_per_tok"] is None:
+        out["num_experts_per_tok"] = SIZES["num_experts_per_tok"]  # DeepSeek V2: experts but no top-k
+    if _int(values.get("n_group")) and values["n_group"] > 1:  # groups of the 4 shrunken experts
+        out["n_group"], out["topk_group"] = 2, 1
+    if _int(values.get("first_k_dense_replace")) and values["first_k_dense_replace"] > 1:
+        out["first_k_dense_replace"] = 1  # one dense layer, one MoE layer
+
+
+def _layers(values: dict, out: dict) -> None:
+    lk, n = _first(values, _LAYER_KEYS)
+    if lk is None or lk not in out:
+        return
+    types = values.get("layer_types")
+    keep = list(range(out[lk]))
+    if isinstance(types, list) and len(types) == n:
+        # one layer of each distinct type (first occurrences), topped up to LAYERS in order
+        firsts = sorted({t: types.index(t) for t in types if isinstance(t, str)}.values())[:MAX_LAYERS]
+        keep = sorted(set(firsts) | set(range(n)[: max(0, LAYERS - len(firsts))]))
+        while len(keep) < LAYERS:
+            keep.append(next(i for i in range(n) if i not in keep))
+            keep.sort()
+        out[lk] = len(keep)
+        picked = [types[i] for i in keep]
+        if all(t == "linear_attention" for t in picked):  # a hybrid needs an attention layer to run
+            picked[-1] = "full_attention"
+        out["layer_types"] = picked
+    for key, v in values.items():  # other per-layer lists follow the same layers
+        if key != "layer_types" and isinstance(v, list) and len(v) == n and n > out[lk]:
+            out[key] = [v[i] for i in keep]
+    if "attn_layer_indices" in values and not values.get("attn_layer_indices"):
+        out["attn_layer_indices"] = [out[lk] - 1]  # Bamba's default has no attention layer
+    elif isinstance(values.get("attn_layer_indices"), list):
+        out["attn_layer_indices"] = [out[lk] - 1]
+    if isinstance(values.get("attention_types"), list) and values["attention_types"]:
+        kinds = values["attention_types"][0][0]  # GPT-Neo: [[["global", "local"], repeats]]
+        out["attention_types"] = [[kinds, max(1, out[lk] // len(kinds))]]
+        out[lk] = max(1, out[lk] // len(kinds)) * len(kinds)
+    if _int(values.get("num_kv_shared_layers")) and values["num_kv_shared_layers"] >= out[lk]:
+        out["num_kv_shared_layers"] = 0
+    rope = values.get("rope_parameters")
+    layer_types = out.get("layer_types", types)
+    if rope == {} and isinstance(layer_types, list):  # per-layer-type rope with no entries (Cohere Compass)
+        out["rope_parameters"] = {t: {"rope_type": "default", "rope_theta": 10000.0} for t in set(layer_types)}
