@@ -89,7 +89,7 @@ def test_fp16_linear_activation_residual_matches_cpu(act, debug_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize("act", sorted(ACTS))
 @pytest.mark.parametrize("precision", ["highest", "high"])
-def test_fp32_linear_activation_residual_matches_cpu(act, precision):
+def test_fp32_linear_activation_residual_matches_cpu(act, precision, debug_dir):
     fn, args = linear_act_residual(ACTS[act]), linear_inputs(torch.float32)
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(precision)
@@ -100,6 +100,20 @@ def test_fp32_linear_activation_residual_matches_cpu(act, precision):
     # "high": one pass on operands rounded to DLFloat16, so DLFloat16's tolerance; "highest": fp32's.
     tol = TOL[torch.float32] if precision == "highest" else TOL[torch.float16]
     torch.testing.assert_close(got, expect(fn, args, torch.float32), **tol)
+    # One pass: the epilogue is in the kernel. Six: it follows their sum (a pointwise kernel).
+    fused = [d["fusion"]["epilogue"] for d in decisions_in(debug_dir) if d.get("fusion")]
+    assert fused == ([] if precision == "highest" else [["bias", act, "residual"]])
+
+
+@pytest.mark.slow
+def test_dynamic_shapes_fuse_and_match_cpu(debug_dir):
+    """Symbolic batch and sequence sizes: the rewrite adds no reshape with a symbolic size of its own."""
+    fn = linear_act_residual(ACTS["gelu"])
+    args = linear_inputs(torch.float16)
+    got = run_compiled(fn, *args, dynamic=True)
+    torch.testing.assert_close(got, expect(fn, args, torch.float16), **TOL[torch.float16])
+    assert [d["fusion"]["epilogue"] for d in decisions_in(debug_dir) if d.get("fusion")][:1] == \
+        [["bias", "gelu", "residual"]]
 
 
 @pytest.mark.slow
@@ -155,17 +169,25 @@ def _graph(fn, *args):
 
 @pytest.mark.parametrize("act", sorted(ACTS))
 def test_each_activation_is_recognized_in_its_decomposed_form(act):
-    from torch._decomp import core_aten_decompositions
     from torch.fx.experimental.proxy_tensor import make_fx
 
     fn = linear_act_residual(ACTS[act])
     args = [a.to("spyre") for a in linear_inputs(torch.float16)]
     # Inductor decomposes the activations (GELU: upcast, erf or tanh formula, downcast): so do we here.
-    gm = make_fx(fn, decomposition_table=core_aten_decompositions(), tracing_mode="fake")(*args)
+    gm = make_fx(fn, decomposition_table=torch.export.default_decompositions(), tracing_mode="fake")(*args)
     chains = epilogue.fuse_matmul_epilogues(gm)
     assert [(c.activation, c.fused) for c in chains] == [(act, [act, "residual"])]
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert epilogue.op() in targets and torch.ops.aten.addmm.default not in targets
+
+
+def test_switched_off_the_rewrite_leaves_the_graph_as_it_is():
+    gm = _graph(linear_act_residual(F.relu), *linear_inputs(torch.float16))
+    before = str(gm.graph)
+    with optimizations.disabled("matmul_epilogue"):
+        assert epilogue.fuse_matmul_epilogues(gm) == []
+    assert str(gm.graph) == before
+    assert [c.fused for c in epilogue.fuse_matmul_epilogues(gm)] == [["relu", "residual"]]
 
 
 def test_an_intermediate_read_elsewhere_stays_unfused():

@@ -70,10 +70,9 @@ def _make_version_pass():
         It folds matmul epilogues into the matmul (``epilogue.py``) unless ``matmul_epilogue`` is off."""
 
         def __call__(self, gm) -> None:
-            from . import epilogue, optimizations
+            from . import epilogue
 
-            if optimizations.enabled("matmul_epilogue"):
-                epilogue.fuse_matmul_epilogues(gm)
+            epilogue.fuse_matmul_epilogues(gm)
 
         def uuid(self) -> str:  # asked per cache lookup: the card configuration may change in a process
             return compiler_fingerprint()

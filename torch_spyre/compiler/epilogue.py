@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 DEVICE = "spyre"
 OP_NAME = "matmul_epilogue"
@@ -145,14 +146,18 @@ class Chain:
 
 
 def fuse_matmul_epilogues(gm: torch.fx.GraphModule) -> list[Chain]:
-    """Rewrite every fusable chain of ``gm`` into ``spyre::matmul_epilogue``; returns what was fused."""
+    """Rewrite every fusable chain of ``gm`` into ``spyre::matmul_epilogue``; returns what was fused. With
+    the ``matmul_epilogue`` optimization switched off, nothing (the graph is left as it is)."""
+    from . import optimizations
+
+    if not optimizations.enabled("matmul_epilogue"):
+        return []
     done = []
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in MATMULS or not _on_device(node):
             continue
         chain = _follow(node)
-        if chain is not None and chain.fused:
-            _rewrite(gm.graph, chain)
+        if chain is not None and chain.fused and _rewrite(gm.graph, chain):
             done.append(chain)
     if done:
         gm.graph.lint()
@@ -184,7 +189,7 @@ def _follow(mm: Any) -> Chain | None:
     dtype, n = _val(mm).dtype, _val(mm).shape[-1]
     cur = mm
     user = _only_user(cur)
-    if user is not None and user.target in VIEWS and _val(user) is not None and _val(user).shape[-1] == n \
+    if user is not None and user.target in VIEWS and _val(user) is not None and _same_shape(_val(user).shape[-1:], (n,)) \
             and len(_val(user).shape) <= 3:
         chain.view = cur = user
         chain.nodes.append(user)
@@ -222,14 +227,14 @@ def _addend(node: Any, cur: Any, dtype: torch.dtype, n: int) -> Any:
     if other is None or other is cur or not hasattr(other, "meta"):
         return None
     ov, out = _val(other), _val(node)
-    if ov is None or out is None or out.dtype != dtype or out.shape != _val(cur).shape:
+    if ov is None or out is None or out.dtype != dtype or not _same_shape(out.shape, _val(cur).shape):
         return None
     if ov.device.type != DEVICE or ov.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return None
-    if ov.dim() == 0 or ov.shape[-1] != n or ov.dim() > out.dim():
+    if ov.dim() == 0 or ov.dim() > out.dim() or not _same_shape(ov.shape[-1:], (n,)):
         return None
-    full = tuple(ov.shape) == tuple(out.shape)
-    row = math.prod(ov.shape[:-1]) == 1  # a bias: broadcast over every row
+    full = _same_shape(ov.shape, out.shape)
+    row = _same_shape((math.prod(ov.shape[:-1]),), (1,))  # a bias: broadcast over every row
     return other if full or row else None
 
 
@@ -247,7 +252,7 @@ def _activation_of(x: Any, dtype: torch.dtype) -> tuple[str, list, Any] | None:
         region.append(node)
         frontier += list(node.users)
     for i, exit_node in enumerate(region):
-        if _val(exit_node) is None or _val(exit_node).dtype != dtype or _val(exit_node).shape != _val(x).shape:
+        if _val(exit_node) is None or _val(exit_node).dtype != dtype or not _same_shape(_val(exit_node).shape, _val(x).shape):
             continue
         sub = _ancestors_within(exit_node, set(region[:i + 1]))
         if any(u not in sub for node in [x, *sub] if node is not exit_node for u in node.users):
@@ -305,48 +310,71 @@ def _which_activation(x: Any, ordered: list, exit_node: Any) -> str | None:
     return None
 
 
-def _rewrite(graph: torch.fx.Graph, chain: Chain) -> None:
-    """Replace the chain by ``spyre::matmul_epilogue``. After a reshape the fused op works in the reshaped
-    shape when it can (``a`` reshaped back to [B, S, K], which is how the graph's producer laid it out), so
-    a residual is read as it lies; otherwise it works in the matmul's shape and addends and result are
-    reshaped."""
+def _rewrite(graph: torch.fx.Graph, chain: Chain) -> bool:
+    """Replace the chain by ``spyre::matmul_epilogue``; False (graph untouched) when it cannot be expressed.
+
+    After a reshape the fused op works in the reshaped shape when ``a`` is itself a reshape of a tensor of
+    that shape (a Linear's [B, S, K] input seen as [B*S, K]): it reads that tensor, so a residual is read
+    as it lies and no merged-dims view needs a copy. Otherwise it works in the matmul's shape and the
+    result is reshaped as the graph did. Shapes in new reshapes must be plain ints (symbolic sizes live in
+    FX nodes), so with symbolic shapes an addend that would need one ends the fusion."""
     mm, last = chain.matmul, chain.last
     n_in = 3 if chain.kind in ("addmm", "baddbmm") else 2
     a, b = mm.args[n_in - 2], mm.args[n_in - 1]
-    out_shape = list(_val(last).shape)
-    mm_shape = list(_val(mm).shape)
-    work = mm_shape
+    out_val = _val(last)
+    source = a.args[0] if chain.view is not None and hasattr(a, "target") and a.target in VIEWS else None
+    if source is not None and chain.kind in ("mm", "addmm") and out_val.dim() == 3 and _val(source) is not None \
+            and _same_shape(_val(source).shape, (*out_val.shape[:-1], _val(a).shape[-1])):
+        a, work = source, out_val
+    else:
+        work = _val(mm)
+    addends = []
+    for t in (chain.bias, chain.residual):
+        shape = None if t is None else _val(t).shape
+        if t is None or _same_shape(shape, work.shape) or len(shape) == 1:
+            addends.append((t, None))
+            continue
+        target = list(work.shape) if math.prod(shape) == math.prod(work.shape) else [work.shape[-1]]
+        if not all(isinstance(d, int) for d in target):
+            return False
+        addends.append((t, target))
     with graph.inserting_before(last):
-        if chain.view is not None and chain.kind in ("mm", "addmm") and _val(a).is_contiguous() \
-                and len(out_shape) == 3:
-            a = _reshape(graph, a, [*out_shape[:-1], _val(a).shape[-1]])
-            work = out_shape
-        bias, residual = (_fit(graph, t, work) for t in (chain.bias, chain.residual))
+        bias, residual = (t if target is None else _reshape(graph, t, target) for t, target in addends)
         fused = graph.call_function(op(), (a, b, bias, residual, chain.activation, chain.alpha, chain.beta))
-        fused.meta["val"] = _val(last) if work == out_shape else _val(mm)
+        fused.meta["val"] = work
         fused.meta["spyre_epilogue"] = {"kind": chain.kind, "fused": chain.fused,
                                        "from_ops": [str(n.target) for n in chain.nodes]}
-        result = fused if work == out_shape else _reshape(graph, fused, out_shape, _val(last))
+        result = fused
+        if work is not out_val:  # the graph's own reshape of the matmul's output, applied to the result
+            result = graph.call_function(chain.view.target, (fused, *chain.view.args[1:]), dict(chain.view.kwargs)) \
+                if chain.view is not None else fused
+            result.meta["val"] = out_val
+    flat = mm.args[n_in - 2]
     last.replace_all_uses_with(result)
     for node in reversed(chain.nodes):
         if not node.users:
             graph.erase_node(node)
+    if a is not flat and not flat.users:  # the [B*S, K] view that nothing reads now
+        graph.erase_node(flat)
+    return True
 
 
-def _fit(graph: torch.fx.Graph, t: Any, work: list[int]) -> Any:
-    """An addend reshaped for the fused op's shape: a residual to ``work``, a bias row to [N]."""
-    if t is None:
-        return None
-    shape = list(_val(t).shape)
-    if shape == work or (len(shape) == 1 and shape[0] == work[-1]):
-        return t
-    target = work if math.prod(shape) == math.prod(work) else [work[-1]]
-    return _reshape(graph, t, target)
+def _same_shape(x, y) -> bool:
+    """Equal shapes, symbolic sizes compared without adding guards (unknown counts as different)."""
+    if len(x) != len(y):
+        return False
+    for p, q in zip(x, y):
+        if isinstance(p, int) and isinstance(q, int):
+            if p != q:
+                return False
+        elif not statically_known_true(p == q):
+            return False
+    return True
 
 
-def _reshape(graph: torch.fx.Graph, t: Any, shape: list[int], val: torch.Tensor | None = None) -> Any:
+def _reshape(graph: torch.fx.Graph, t: Any, shape: list[int]) -> Any:
     node = graph.call_function(_aten.reshape.default, (t, shape))
-    node.meta["val"] = val if val is not None else _val(t).reshape(shape)
+    node.meta["val"] = _val(t).reshape(shape)
     return node
 
 
