@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torch_spyre
-from torch_spyre.compiler import backend, wrapper
+from torch_spyre.compiler import backend, optimizations, wrapper
 
 from .spyre_compile_helpers import TOL, fresh
 
@@ -115,9 +115,9 @@ def test_fx_graph_cache_key_carries_the_compiler_fingerprint():
 
     p = get_custom_backend_pass_for_device("spyre")
     assert p is not None and p.uuid() == backend.compiler_fingerprint()
-    sources, card = p.uuid().split("-card-")
-    assert len(sources) == 64 and len(card) == 16
-    assert p(None) is None  # not a transformation
+    sources, rest = p.uuid().split("-card-")
+    card, off = rest.split("-off-")
+    assert len(sources) == 64 and len(card) == 16 and off == optimizations.fingerprint()
 
 
 def test_the_cache_key_changes_with_the_card_configuration(monkeypatch):

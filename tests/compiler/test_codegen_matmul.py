@@ -455,6 +455,34 @@ def test_fused_residual_and_k_split(card):
     assert dec.work_division["split"]["K_split"] > 1
 
 
+@pytest.mark.parametrize("M,K,N", [(200, 1536, 130), (128, 384, 384)])
+def test_residual_sticked_on_m_is_read_transposed(card, M, K, N):
+    """A residual whose producer sticked it on M (a graph input, say) is loaded as it lies and read through
+    a transposed view; rows of a core or chunk need not start on a stick (200 rows, a K-split)."""
+    g = torch.Generator().manual_seed(15)
+    x, w, bias, res = randn(g, M, K), randn(g, N, K, scale=0.03), randn(g, N), randn(g, M, N)
+    spec = replace(linear_spec(buf("x", (M, K)), buf("w", (N, K)), buf("y", (M, N)), buf("bias", (N,))),
+                   residual=buf("res", (M, N), stick=0), activation="relu")
+    got, (prog, dec) = run(card, spec, {"x": x, "w": w, "bias": bias, "res": res})
+    assert_matches(got, torch.relu(torch.nn.functional.linear(dl(x), dl(w), dl(bias))) + dl(res))
+
+
+def test_batched_residual_sticked_on_m(card):
+    g = torch.Generator().manual_seed(16)
+    a, b, res = randn(g, 3, 100, 96), randn(g, 3, 96, 70, scale=0.1), randn(g, 3, 100, 70)
+    spec = replace(bmm_spec(buf("a", (3, 100, 96)), buf("b", (3, 96, 70)), buf("c", (3, 100, 70))),
+                   residual=buf("res", (3, 100, 70), stick=1))
+    got, _ = run(card, spec, {"a": a, "b": b, "res": res})
+    assert_matches(got, dl(a) @ dl(b) + dl(res))
+
+
+def test_residual_sticked_on_its_batch_dim_is_refused():
+    spec = replace(bmm_spec(buf("a", (3, 64, 64)), buf("b", (3, 64, 64)), buf("c", (3, 64, 64))),
+                   residual=buf("res", (3, 64, 64), stick=0))
+    with pytest.raises(MatmulSpecError, match="residual %res is sticked on its batch dim; relayout it first"):
+        build_matmul(spec, CFG)
+
+
 def test_unknown_activation():
     spec = replace(mm_spec(buf("a", (64, 64)), buf("b", (64, 64)), buf("c", (64, 64))), activation="softmax")
     with pytest.raises(MatmulSpecError, match="activation 'softmax' is not a vector-unit op"):

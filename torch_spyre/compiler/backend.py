@@ -2,8 +2,9 @@
 
 It registers (all through the seam, ``torch_spyre/_torch/inductor.py``):
 
-- the scheduling (``scheduling.py``) and the Python wrapper codegen (``wrapper.py``), with a custom pass
-  that puts :func:`compiler_fingerprint` in the FX graph cache key;
+- the scheduling (``scheduling.py``) and the Python wrapper codegen (``wrapper.py``), with the device's
+  post-grad pass (matmul epilogue fusion, ``epilogue.py``), whose uuid puts :func:`compiler_fingerprint`
+  in the FX graph cache key;
 - the device op overrides and the device interface (``device_interface.py``);
 - Dynamo's skip of the device's Python kernels (never traced, even inside a compiled region);
 - the lowerings that keep whole ops on the card (``lowerings.py``: patches Inductor's lowerings table);
@@ -63,17 +64,20 @@ def compiler_fingerprint() -> str:
 
 
 def _make_version_pass():
-    class SpyreCompilerVersion(torch_inductor.GraphModulePassBase):
-        """Not a transformation: Inductor stores a device's custom pass and puts its uuid in the FX
-        graph cache key; this one carries :func:`compiler_fingerprint`."""
+    class SpyrePostGradPass(torch_inductor.GraphModulePassBase):
+        """The device's post-grad pass: Inductor runs it on every graph with spyre tensors after its own
+        post-grad passes, and puts its uuid, :func:`compiler_fingerprint`, in the FX graph cache key.
+        It folds matmul epilogues into the matmul (``epilogue.py``) unless ``matmul_epilogue`` is off."""
 
         def __call__(self, gm) -> None:
-            return None
+            from . import epilogue
+
+            epilogue.fuse_matmul_epilogues(gm)
 
         def uuid(self) -> str:  # asked per cache lookup: the card configuration may change in a process
             return compiler_fingerprint()
 
-    return SpyreCompilerVersion()
+    return SpyrePostGradPass()
 
 
 def _graph_on_spyre(gm) -> bool:

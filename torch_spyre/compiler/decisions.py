@@ -36,6 +36,8 @@ class KernelDecisions:
     scratchpad: dict[str, Any] = field(default_factory=dict)  # {"peak_bytes": ..., "capacity": ..., "buffers": {...}}
     overlap: dict[str, Any] = field(default_factory=dict)  # e.g. {"double_buffered": ["a", "b"]}
     alternatives: list[dict[str, Any]] = field(default_factory=list)  # candidates considered, with estimates
+    # Ops of the graph folded into this kernel, e.g. {"epilogue": ["bias", "gelu", "residual"], ...}
+    fusion: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -59,7 +61,7 @@ class KernelDecisions:
         if self.core_count:
             lines.append(f"  cores: {self.core_count['cores']} ({self.core_count['why']})")
         for title, d in (("work division", self.work_division), ("tiling", self.tiling),
-                         ("scratchpad", self.scratchpad), ("overlap", self.overlap)):
+                         ("scratchpad", self.scratchpad), ("overlap", self.overlap), ("fusion", self.fusion)):
             if d:
                 lines.append(f"  {title}: " + ", ".join(f"{k}={v}" for k, v in d.items()))
         for a in self.alternatives:

@@ -297,7 +297,7 @@ class Costs:
     def _matmul_s(self, spec: Any) -> float:
         from .codegen.matmul import build_matmul
 
-        key = ("matmul", spec.a, spec.b, spec.out, spec.bias)
+        key = ("matmul", spec.a, spec.b, spec.out, spec.bias, spec.residual)
         return self._timed(key, lambda: build_matmul(spec, self.config)[0])
 
     @staticmethod
@@ -318,7 +318,8 @@ class Costs:
             views[op.role] = TensorView(op.role, layout, op.size, op.stride, 0)
         kind = ("addmm" if len(views["out"].shape) == 2 else "baddbmm") if "bias" in views else \
             ("mm" if len(views["out"].shape) == 2 else "bmm")
-        return mm.MatmulSpec(views["a"], views["b"], views["out"], views.get("bias"), kind=kind, name=kernel)
+        return mm.MatmulSpec(views["a"], views["b"], views["out"], views.get("bias"), kind=kind, name=kernel,
+                             residual=views.get("residual"))
 
 
 def _describe(wants: dict[int, list[str]]) -> str:

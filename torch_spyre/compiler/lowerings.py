@@ -5,7 +5,9 @@
   merge dims of their buffer are copied first);
 - ``embedding``, ``index_select``, ``index`` (one index tensor, or several on adjacent dims), ``gather`` -> generator "gather";
 - ``cumsum`` -> a log-step scan of pointwise kernels;
-- ``spyre::flash_attention`` (traced SDPA on spyre, ``device/sdpa.py``) -> generator "attention".
+- ``spyre::flash_attention`` (traced SDPA on spyre, ``device/sdpa.py``) -> generator "attention";
+- ``spyre::matmul_epilogue`` (a matmul with its bias, activation and residual, ``epilogue.py``) -> generator
+  "matmul" with the epilogue in the kernel.
 
 :func:`register_lowerings` puts them in Inductor's global lowerings table (through the seam,
 ``torch_spyre/_torch/inductor.py``); each one hands tensors of other devices to Inductor's own lowering.
@@ -108,11 +110,76 @@ def _lower_matmul(kind: str):
     return lower
 
 
-def _matmul_extern(kind: str, roles: list[str], inputs: list, alpha, beta, out_dtype, params: dict):
+def _matmul_extern(kind: str, roles: list[str], inputs: list, alpha, beta, out_dtype, params: dict,
+                   label: str | None = None):
     a, b = inputs[-2], inputs[-1]
     size = [*a.get_size()[:-1], b.get_size()[-1]]
     params = {"kind": kind, "alpha": float(alpha), "beta": float(beta)} | params
-    return _extern("matmul", kind, roles, inputs, size, out_dtype, params)
+    return _extern("matmul", label or kind, roles, inputs, size, out_dtype, params)
+
+
+def _lower_matmul_epilogue(a, b, bias, residual, activation, alpha, beta):
+    """``spyre::matmul_epilogue`` (``epilogue.py``'s rewrite of a matmul and the bias, activation and
+    residual after it) -> one matmul kernel that applies them to the fp32 accumulator before its one
+    rounding. fp32 operands at a precision of several passes (``fp32_matmul.py``) sum the passes in a
+    pointwise kernel; the activation and residual then join that kernel instead."""
+    from . import fp32_matmul
+
+    batched = len(a.get_size()) == 3
+    kind = ("baddbmm" if batched else "addmm") if bias is not None else ("bmm" if batched else "mm")
+    steps = ([] if bias is None else ["bias"]) + ([activation] if activation else []) + \
+        ([] if residual is None else ["residual"])
+    label = "_".join([kind, *(s for s in steps if s != "bias")])  # e.g. addmm_gelu, bmm_relu_residual
+    params = {"epilogue": {"steps": steps, "activation": activation, "optimization": "matmul_epilogue"}}
+    out_dtype = a.get_dtype()
+    addends = [x for x in (bias, residual) if x is not None]
+    roles = (["bias"] if bias is not None else []) + (["residual"] if residual is not None else []) + ["a", "b"]
+    passes = fp32_matmul.passes() if out_dtype == torch.float32 else ((0, 0),)
+    if out_dtype != torch.float32 or len(passes) == 1:
+        if out_dtype == torch.float32:  # one pass on the operands rounded to 16 bits
+            a, b = (fp32_matmul.dlfloat16_parts(x, 1)[0] for x in (a, b))
+        inputs = [_matmul_operand(torch_inductor.realize_input(x)) for x in (*addends, a, b)]
+        params["activation"] = activation
+        return _matmul_extern(kind, roles, inputs, alpha, beta, out_dtype, params, label)
+    # Several passes: the bias rides the first one; the activation and residual follow the sum.
+    count = 1 + max(max(p) for p in passes)
+    a_parts, b_parts = (fp32_matmul.dlfloat16_parts(x, count) for x in (a, b))
+    note = {"note": f"fp32 operands as {count} DLFloat16 parts, {len(passes)} passes "
+                    f"(float32_matmul_precision={fp32_matmul.precision()!r}); the epilogue after their sum"}
+    terms = []
+    for n, (i, j) in enumerate(passes):
+        pa, pb = _matmul_operand(a_parts[i]), _matmul_operand(b_parts[j])
+        if n == 0 and bias is not None:
+            terms.append(_matmul_extern(kind, ["bias", "a", "b"], [_matmul_operand(torch_inductor.realize_input(bias)),
+                                                                    pa, pb], alpha, beta, out_dtype, note))
+        else:
+            plain = "bmm" if batched else "mm"
+            terms.append(_matmul_extern(plain, ["a", "b"], [pa, pb], alpha, 1, out_dtype, note))
+    out = fp32_matmul.sum_smallest_first(terms)
+    if activation:
+        out = _activation_ir(activation, out)
+    if residual is not None:
+        out = torch_inductor.lowering_for(torch.ops.aten.add.Tensor)(out, residual)
+    return out
+
+
+def _activation_ir(name: str, x):
+    """An activation of IR node ``x`` with Inductor's pointwise lowerings (the formulas torch's own
+    decompositions use)."""
+    aten = torch.ops.aten
+    mul, add = torch_inductor.lowering_for(aten.mul.Tensor), torch_inductor.lowering_for(aten.add.Tensor)
+    if name == "relu":
+        return torch_inductor.lowering_for(aten.relu.default)(x)
+    if name == "silu":
+        return mul(x, torch_inductor.lowering_for(aten.sigmoid.default)(x))
+    if name == "gelu":
+        inner = torch_inductor.lowering_for(aten.erf.default)(mul(x, 0.7071067811865476))
+    elif name == "gelu_tanh":
+        cube = mul(mul(x, x), x)
+        inner = torch_inductor.lowering_for(aten.tanh.default)(mul(add(x, mul(cube, 0.044715)), 0.7978845608028654))
+    else:
+        raise ValueError(f"unknown matmul epilogue activation {name!r}")
+    return mul(mul(x, 0.5), add(inner, 1.0))
 
 
 def _static_one(n) -> bool:
@@ -439,3 +506,6 @@ def register_lowerings() -> None:
             continue
         torch_inductor.register_lowering(op, _spyre_lowering(original, fn, name))
     _register_sdpa_lowering()
+    from . import epilogue
+
+    torch_inductor.register_lowering(epilogue.op(), _lower_matmul_epilogue)

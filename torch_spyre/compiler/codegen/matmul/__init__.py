@@ -317,17 +317,25 @@ def _straight_problem(p: _Problem, role: str) -> _Problem:
 # The compiler's "matmul" generator
 # =============================================================================================
 def generate(kspec: Any, places: dict[str, Any], config: CardConfig) -> Program:
-    """Adapter from a "matmul" KernelSpec (params: kind, alpha, beta; operands a, b, out, bias) to
+    """Adapter from a "matmul" KernelSpec (params: kind, alpha, beta, activation, epilogue; operands a, b,
+    out, and bias and residual when present) to
     :func:`build_matmul`. Views keep Inductor's sizes/strides and the bound storage offsets."""
 
     def view(role: str) -> TensorView:
         return TensorView.of_kernel_buffer(kspec, role, places)
 
     p = kspec.params
-    bias = view("bias") if p["kind"] in ("addmm", "baddbmm") else None
+    bias = view("bias") if "bias" in p else None
+    residual = view("residual") if "residual" in p else None
     mspec = MatmulSpec(view("a"), view("b"), view("out"), bias, float(p.get("alpha", 1.0)),
-                       float(p.get("beta", 1.0)), p["kind"], kspec.name, tuple(kspec.source_ops))
+                       float(p.get("beta", 1.0)), p["kind"], kspec.name, tuple(kspec.source_ops),
+                       activation=p.get("activation"), residual=residual)
     program, decisions = build_matmul(mspec, config)
     decisions.source_lines = list(kspec.source_lines)
+    if "epilogue" in p:  # fused from the compiled graph (compiler/epilogue.py)
+        decisions.fusion = {"epilogue": list(p["epilogue"]["steps"]),
+                            "where": "on the fp32 accumulator tile in scratchpad, before the one rounding and store",
+                            "optimization": p["epilogue"]["optimization"],
+                            "unfused": "a pointwise kernel per chain, reading the matmul's output from device memory"}
     program.metadata["decisions"] = decisions.to_dict()
     return program

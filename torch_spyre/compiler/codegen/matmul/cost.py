@@ -338,6 +338,9 @@ def _core_dram_bytes(p: _Problem, s: Split, w: _CoreWork) -> tuple[int, int, int
     addends = 0.0
     for x in (p.bias, p.residual):
         if x is not None and stores:
+            if x.lane_dim == 1:  # sticked on M: N rows of M sticks per batch
+                addends += (nb if x.strides[0] else 1) * n_el * _round(nm, x.layout.lanes) * x.layout.itemsize * share
+                continue
             rows = (nb if x.strides[0] else 1) * (nm if x.strides[1] else 1)
             addends += rows * _round(n_el, x.layout.lanes) * x.layout.itemsize * share
     return a, b + int(addends), int(out)

@@ -228,10 +228,16 @@ class _Emitter:
 
     def load_addend(self, x: _Bound, buf: str, box: tuple[int, int, int, int], n0: int, nn: int) -> SpTensor:
         """A bias or residual box, loaded once per distinct row (broadcast dims collapse), viewed at the
-        chunk's shape through stride-0 dims."""
+        chunk's shape through stride-0 dims; one sticked on M is read through a transposed view."""
         b0, nb, m0, nm = box
         nt = _round(nn, UNIT)
         dst = self.buf(buf)
+        if x.lane_dim == 1:  # sticked on M: [batch, N rows, M sticks] from the stick holding row m0
+            skip = m0 % x.layout.lanes
+            self.ins.append(x.dma((b0, m0 - skip, n0), (nb, nm + skip, nn), dst))
+            ms = _round(nm + skip, x.layout.lanes)
+            strides = (nn * ms if x.strides[0] else 0, 1, ms)
+            return SpTensor(dst + skip * x.layout.itemsize, x.layout.device_dtype, (nb, nm, nn), strides)
         self.ins.append(x.dma((b0, m0, n0), (nb, nm, nn), dst, row_bytes=nt * x.layout.itemsize))
         sb = nm * nt if x.strides[0] and x.strides[1] else nt
         strides = (sb if x.strides[0] else 0, nt if x.strides[1] else 0, 1)

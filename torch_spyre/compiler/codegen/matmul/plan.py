@@ -195,14 +195,22 @@ def _buffers(p: _Problem, s: Split, t: Tiles, sh: _Shape) -> list[SpBuffer]:
     if p.needs_epilogue:
         bufs += [SpBuffer(f"o{i}", chunk * nt * p.out.layout.itemsize) for i in range(2)]
     if p.bias is not None:
-        bufs += [SpBuffer(f"bias{i}", chunk * nt * p.bias.layout.itemsize) for i in range(2)]
+        bufs += [SpBuffer(f"bias{i}", _addend_bytes(p.bias, chunk, nt, t)) for i in range(2)]
         if p.spec.beta != 1.0:
             bufs.append(SpBuffer("bias_scaled", chunk * nt * 4))
     if p.residual is not None:
-        bufs += [SpBuffer(f"res{i}", chunk * nt * p.residual.layout.itemsize) for i in range(2)]
+        bufs += [SpBuffer(f"res{i}", _addend_bytes(p.residual, chunk, nt, t)) for i in range(2)]
     if s.k > 1:  # receive slots from the upstream neighbour of each direction
         bufs += [SpBuffer(f"recv{d}", sh.recv_slots * chunk * nt * 4) for d in range(2)]
     return bufs
+
+
+def _addend_bytes(x, chunk: int, nt: int, t: Tiles) -> int:
+    """A bias or residual chunk in scratchpad: [rows, N] as the output; sticked on M, [N, M sticks] per
+    batch, from the stick holding the chunk's first row (up to a stick more per batch)."""
+    if x.lane_dim == 2:
+        return chunk * nt * x.layout.itemsize
+    return nt * (chunk + min(chunk, t.bt) * 2 * x.layout.lanes) * x.layout.itemsize
 
 
 def _round(x: int, m: int) -> int:

@@ -318,14 +318,16 @@ def _check(spec: MatmulSpec) -> _Problem:
 
 
 def _bind_addend(view: TensorView | None, role: str, out_shape: tuple[int, int, int]) -> _Bound | None:
-    """A bias or residual: broadcast to the output, sticked on N, fp16/bf16 or fp32."""
+    """A bias or residual: broadcast to the output, fp16/bf16 or fp32, sticked on N or on M (then loaded as
+    it lies and read through a transposed view: a residual's layout is its producer's choice)."""
     if view is None:
         return None
     if view.layout.device_dtype not in OUTPUT_DTYPES:
         raise MatmulSpecError(f"{role} %{view.name} is {view.layout.device_dtype}; use fp16/bf16 or fp32")
     bound = _bind(view, role, 2, out_shape)
-    if bound.lane_dim != 2:
-        raise MatmulSpecError(f"{role} %{view.name} must vary along N in sticks (sticked on its last dim)")
+    if bound.lane_dim not in (1, 2):
+        raise MatmulSpecError(f"{role} %{view.name} is sticked on its batch dim; relayout it first (sticked on its "
+                              "last dim)")
     return bound
 
 
