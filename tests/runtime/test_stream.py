@@ -104,3 +104,12 @@ def test_streams_carry_their_device_like_torch_streams(card):
     s = S.Stream(card)
     assert s.device_index == card
     assert str(s.device) == f"spyre:{card}" or s.device.index == card
+
+
+def test_a_record_reports_its_queued_duration_wherever_it_runs(card):
+    s = S.Stream(card)
+    length = 2.227641884779499e-05  # a kernel time whose end - start rounds differently late on the clock
+    s.enqueue("earlier work", 0.1234567891)
+    rec = s.enqueue("kernel", length)
+    assert rec.end - rec.start != length  # the rounding this guards against
+    assert rec.duration == length

@@ -42,10 +42,13 @@ class WorkRecord:
     start: float  # simulated seconds
     end: float
     details: dict[str, Any] = field(default_factory=dict)
+    # The work's own length as it was queued. ``end - start`` is not it bit for bit: its rounding depends on
+    # where on the clock the work ran, and the same kernel must report the same time wherever it runs.
+    length: float | None = None
 
     @property
     def duration(self) -> float:
-        return self.end - self.start
+        return self.end - self.start if self.length is None else self.length
 
 
 class DeviceClock:
@@ -156,7 +159,7 @@ class Stream:
             c.busy_until[resource] = end
         tags = getattr(_tags, "value", None)
         details = {**tags, **(details or {})} if tags else (details or {})
-        rec = WorkRecord(name, kind, resource, self.card, self.stream_id, start, end, details)
+        rec = WorkRecord(name, kind, resource, self.card, self.stream_id, start, end, details, duration)
         for fn in list(_listeners):
             fn(rec)
         return rec
