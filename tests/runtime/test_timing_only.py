@@ -158,3 +158,23 @@ def test_transfer_size_of_views_is_the_sticks_they_touch(view):
     layout = storage.allocation_of(w).meta["layout"]
     offsets = layout.device_offsets(device_tensor._host_indices(v))
     assert device_tensor.transfer_size(v).device_bytes == device_tensor._touched_bytes(offsets, layout)
+
+
+@pytest.mark.slow  # compiles a small block (about 15 s)
+def test_a_first_compiled_call_in_timing_only_mode_keeps_the_weights_values():
+    """The first compiled call relayouts weights in place; doing it in timing-only mode must not leave them
+    without data (every later faithful run read nothing and raised NoDataError)."""
+    torch.manual_seed(0)
+    model = Block().half()
+    on_card = Block().half()
+    on_card.load_state_dict(model.state_dict())
+    on_card = on_card.to("spyre")
+    compiled = torch.compile(on_card, dynamic=False)
+    x = torch.randn(2, 64, 64, dtype=torch.float16)
+    with torch.no_grad():
+        with torch_spyre.timing_only():
+            compiled(x.to("spyre"))
+        got = compiled(x.to("spyre")).cpu().float()
+        expected = model.float()(x.float())
+    assert torch.allclose(got, expected, atol=3e-2, rtol=3e-2)
+    assert all(storage.allocation_of(p).has_data for p in on_card.parameters())

@@ -9,6 +9,7 @@ the DLFloat16 codes exactly).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from ..errors import SpyreError
@@ -110,6 +111,7 @@ def relayout_in_place(t: Any, stick_dim: int, reason: str = "") -> Any:
     record of the relayout program, or None when the layout already is the requested one."""
     from ..device import copy, storage, tensor
     from ..runtime import stream as rt
+    from ..runtime import timing_only
     from ..runtime.launch import launch
 
     if t.device.type != "spyre":
@@ -125,8 +127,11 @@ def relayout_in_place(t: Any, stick_dim: int, reason: str = "") -> Any:
         raise RelayoutError(f"sticking {src.describe()} on dim {dst.stick_dim} needs {dst.nbytes} device bytes, "
                             f"its allocation has {alloc.nbytes}: use relayout(t, {stick_dim}) for a new tensor")
     card = t.device.index or 0
-    scratch = tensor.new_storage_tensor(card, alloc.meta["dtype"], dst)
-    record = launch(_prepared_relayout(card, src, dst), {"src": alloc, "dst": storage.allocation_of(scratch)})
+    # A tensor's layout outlives timing-only mode: relayouting one that holds data (a real weight on its first
+    # compiled call) in timing-only mode must keep its values, or every later faithful run reads nothing.
+    with timing_only.timing_only(False) if alloc.has_data else contextlib.nullcontext():
+        scratch = tensor.new_storage_tensor(card, alloc.meta["dtype"], dst)
+        record = launch(_prepared_relayout(card, src, dst), {"src": alloc, "dst": storage.allocation_of(scratch)})
     tensor.replace_layout(alloc, dst, storage.allocation_of(scratch))
     rt.current_stream(card).enqueue("relayout_copy_back", copy.d2d_seconds(dst.nbytes), kind="copy_d2d",
                                      resource="compute", details={"bytes": dst.nbytes, "reason": reason})
