@@ -136,13 +136,13 @@ def run(chunk: dict, results_path: str) -> None:
     """Run the chunk's tests (``{"source", "path", "timeout", "tests": [{id, class_name, method, atol, rtol}]}``)."""
     module = load_source(chunk["source"], chunk.get("path"))
     classes = _classes(module)
-    ids, suite = {}, unittest.TestSuite()
+    ids, tolerances, suite = {}, {}, unittest.TestSuite()
     for t in chunk["tests"]:
-        case = classes[t["class_name"]](t["method"])
+        key = (t["class_name"], t["method"])
         if t.get("atol") is not None:  # the suite's tolerance: PyTorch's assertEqual takes these as its minimum
-            case.precision, case.rel_tol = t["atol"], t["rtol"]
-        ids[(t["class_name"], t["method"])] = t["id"]
-        suite.addTest(case)
+            tolerances[key] = (t["atol"], t["rtol"])
+        ids[key] = t["id"]
+        suite.addTest(classes[t["class_name"]](t["method"]))
     timeout = int(chunk.get("timeout") or 0)
 
     def on_alarm(signum, frame):
@@ -156,6 +156,9 @@ def run(chunk: dict, results_path: str) -> None:
 
         def start(test):
             original_start(test)
+            # set as each test starts: PyTorch's TestCase keeps precision/rel_tol in one thread-local for every
+            # instance, so a value set on each case at construction would give the whole chunk the last one's
+            test.precision, test.rel_tol = tolerances.get((type(test).__name__, test._testMethodName), (0.0, 0.0))
             if timeout:
                 signal.alarm(timeout)
 
