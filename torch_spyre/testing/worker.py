@@ -89,6 +89,12 @@ def collect(source: str, path: str | None) -> list[dict]:
     return out
 
 
+def _clip(text: str, keep: int = 2000) -> str:
+    """The start and the end of a long message: an error's first line (``NotImplementedError: Could not run
+    ...``) can be followed by pages of dispatcher registrations before the end of the traceback."""
+    return text if len(text) <= 2 * keep else f"{text[:keep]}\n[... {len(text) - 2 * keep} characters ...]\n{text[-keep:]}"
+
+
 class _Timeout(Exception):
     pass
 
@@ -123,7 +129,7 @@ class _JsonResult(unittest.TestResult):
         super().stopTest(test)
         key = (type(test).__name__, test._testMethodName)
         record = {"id": self.ids.get(key, f"?::{key[0]}.{key[1]}"), "outcome": self.outcome[0],
-                  "message": self.outcome[1][-4000:], "time": round(time.perf_counter() - self.started, 3)}
+                  "message": _clip(self.outcome[1]), "time": round(time.perf_counter() - self.started, 3)}
         self.out.write(json.dumps(record) + "\n")
         self.out.flush()
 
