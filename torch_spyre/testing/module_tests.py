@@ -34,7 +34,7 @@ import torch
 
 from .._torch import testing as seam
 from .module_templates import TEMPLATE_CLASS, spyre_module_infos
-from .placement import DEFAULT_TOLERANCES, as_stored, noncontiguous_on, refused, to_device
+from .card_inputs import DEFAULT_TOLERANCES, as_stored, noncontiguous_on, refused, to_device
 
 SAMPLES = 3
 

@@ -31,7 +31,7 @@ import torch
 
 from .._torch import testing as seam
 from .opinfo_templates import DEVICE_DTYPES, REFUSED_DTYPES, TEMPLATE_CLASS, template_ops
-from .placement import DEFAULT_TOLERANCES, REFUSED, as_stored, noncontiguous_on, refused, to_device
+from .card_inputs import DEFAULT_TOLERANCES, REFUSED, as_stored, noncontiguous_on, refused, to_device
 
 SAMPLES = 3
 def _samples(op, dtype, requires_grad=False):
