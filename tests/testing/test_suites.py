@@ -162,7 +162,9 @@ def test_run_an_upstream_style_file_with_a_crash_xfails_tolerances_and_junit(tmp
     shutil.copy(DATA / "upstream_style.py", tmp_path / "upstream_style.py")
     (tmp_path / "suite.yaml").write_text(both)
     junit = tmp_path / "out.xml"
-    r = _run_cli(["run", "suite.yaml", "--junit", str(junit), "--pytorch-src", str(checkout), "--jobs", "1"], tmp_path)
+    # no retries: each test's tolerance must hold inside its chunk (PyTorch keeps it in one thread-local)
+    r = _run_cli(["run", "suite.yaml", "--junit", str(junit), "--pytorch-src", str(checkout), "--jobs", "1",
+                  "--max-retries", "0"], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     cases = {(c.get("classname").split("::")[0], c.get("name")): c for s in ET.parse(junit).getroot() for c in s}
     for source in ("file:upstream_style.py", "pytorch:test/test_upstream_style.py"):
@@ -233,3 +235,19 @@ def test_the_reported_reason_is_the_error_not_torchs_repro_boilerplate():
     assert Outcome(Planned(_t("test_x"), "xfail", "known"), "failed", message).category == "xfailed"
     assert Outcome(Planned(_t("test_x"), "xfail", "known"), "passed").category == "unexpected pass"
     assert Outcome(Planned(_t("test_x"), "mandatory_success", ""), "skipped", "no sample").category == "skipped"
+
+
+def test_the_reason_of_a_template_failure_is_its_error_and_largest_difference_not_the_sample():
+    from torch_spyre.testing.plan import Planned
+    from torch_spyre.testing.runner import Outcome
+
+    message = ('  File "x.py", line 3, in test_wrapper\n    raise e_tracked from e\nException: Tensor-likes are not '
+               'close!\n\nMismatched elements: 1 / 20 (5.0%)\nGreatest absolute difference: nan at index (13,) (up '
+               'to 0.05 allowed)\nGreatest relative difference: nan at index (13,) (up to 0.05 allowed)\nsample 0: '
+               'SampleInput(input=Tensor[size=(20,)])\n\nCaused by sample input at index 2: SampleInput(input=...)\n\n'
+               'To execute this test, run the following from the base repo dir:\n    python x.py')
+    o = Outcome(Planned(_t("test_x"), "mandatory_success", ""), "failed", message)
+    assert o.why == ("Exception: Tensor-likes are not close! Greatest absolute difference: nan at index (13,) "
+                     "(up to 0.05 allowed)")
+    plain = Outcome(Planned(_t("test_x"), "mandatory_success", ""), "lost", "the worker died\nits last output: boom")
+    assert plain.why == "its last output: boom"

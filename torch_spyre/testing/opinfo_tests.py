@@ -23,6 +23,7 @@ pass (the test is skipped when every sample is refused). Tolerances come from th
 
 from __future__ import annotations
 
+import itertools
 import unittest
 import warnings
 
@@ -30,43 +31,14 @@ import torch
 
 from .._torch import testing as seam
 from .opinfo_templates import DEVICE_DTYPES, REFUSED_DTYPES, TEMPLATE_CLASS, template_ops
+from .card_inputs import DEFAULT_TOLERANCES, REFUSED, as_stored, noncontiguous_on, refused, to_device
 
 SAMPLES = 3
-DEFAULT_TOLERANCES = {torch.float32: (1e-3, 1e-3), torch.float16: (2e-2, 2e-2), torch.bfloat16: (5e-2, 5e-2)}
-REFUSED = "cannot hold"  # the device's TypeError for dtypes it cannot hold (device/dtypes.py)
-
-
-def _to(tree, device):
-    return seam.tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, tree)
-
-
-def _as_stored(tree, device):
-    """The CPU tensors of ``tree`` with the values the card holds for them (a round trip through it)."""
-    return seam.tree_map(lambda t: t.to(device).cpu() if isinstance(t, torch.Tensor) and t.dtype in DEVICE_DTYPES
-                         else t, tree)
-
-
-def _noncontiguous_on(tree, device):
-    """Each tensor as a strided (every other element) view on ``device`` with the same values."""
-    def view(t):
-        if not isinstance(t, torch.Tensor) or t.dim() == 0:
-            return _to(t, device)
-        buf = torch.zeros(*t.shape, 2, dtype=t.dtype, device=device)
-        out = buf[..., 1]
-        out.copy_(t.to(device))
-        return out
-
-    return seam.tree_map(view, tree)
-
-
 def _samples(op, dtype, requires_grad=False):
     torch.manual_seed(0)  # OpInfo samples draw from the global generator
     with seam.cheap_sample_tracking():
-        return list(op.sample_inputs("cpu", dtype, requires_grad=requires_grad))[:SAMPLES]
-
-
-def _refused(e: Exception) -> bool:
-    return isinstance(e, TypeError) and REFUSED in str(e)
+        # the first SAMPLES only: generating every sample costs more than running three
+        return list(itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=requires_grad), SAMPLES))
 
 
 class TestSpyreOps(seam.device_test_case()):
@@ -79,11 +51,11 @@ class TestSpyreOps(seam.device_test_case()):
 
     def _assert_close(self, actual, expected, dtype, msg=""):
         atol, rtol = self._tolerance(dtype)
-        self.assertEqual(_to(actual, "cpu"), expected, atol=atol, rtol=rtol, exact_device=False, msg=msg or None)
+        self.assertEqual(to_device(actual, "cpu"), expected, atol=atol, rtol=rtol, exact_device=False, msg=msg or None)
 
     def _reference(self, device, fn, sample, dtype):
         """The CPU result on the inputs as the card stores them, or None when the CPU refuses the sample."""
-        args = _as_stored((sample.input, *sample.args, sample.kwargs), device)
+        args = as_stored((sample.input, *sample.args, sample.kwargs), device)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -92,7 +64,7 @@ class TestSpyreOps(seam.device_test_case()):
             return None
 
     def _run_samples(self, device, dtype, op, samples, place):
-        ran, refused = 0, None
+        ran, refused_msg = 0, None
         for i, s in enumerate(samples):
             ref = self._reference(device, op, s, dtype)
             if ref is None:
@@ -103,22 +75,22 @@ class TestSpyreOps(seam.device_test_case()):
                     warnings.simplefilter("ignore")
                     out = op(args[0], *args[1:-1], **args[-1])
             except Exception as e:  # noqa: BLE001
-                if _refused(e):
-                    refused = str(e).splitlines()[0]
+                if refused(e):
+                    refused_msg = str(e).splitlines()[0]
                     continue
                 raise
             self._assert_close(out, ref[0], dtype, msg=f"sample {i}: {s.summary() if hasattr(s, 'summary') else s}")
             ran += 1
         if not ran:
-            raise unittest.SkipTest(f"refused by the card: {refused}" if refused else "no sample the CPU accepts")
+            raise unittest.SkipTest(f"refused by the card: {refused_msg}" if refused_msg else "no sample the CPU accepts")
 
     @seam.ops(template_ops("compare_cpu"), allowed_dtypes=DEVICE_DTYPES)
     def test_compare_cpu(self, device, dtype, op):
-        self._run_samples(device, dtype, op, _samples(op, dtype), _to)
+        self._run_samples(device, dtype, op, _samples(op, dtype), to_device)
 
     @seam.ops(template_ops("noncontiguous"), allowed_dtypes=DEVICE_DTYPES)
     def test_noncontiguous(self, device, dtype, op):
-        self._run_samples(device, dtype, op, _samples(op, dtype), _noncontiguous_on)
+        self._run_samples(device, dtype, op, _samples(op, dtype), noncontiguous_on)
 
     @seam.ops(template_ops("out"), allowed_dtypes=DEVICE_DTYPES)
     def test_out(self, device, dtype, op):
@@ -129,13 +101,13 @@ class TestSpyreOps(seam.device_test_case()):
             expected = ref[0]
             out = seam.tree_map(lambda t: torch.empty_like(t, device=device) if isinstance(t, torch.Tensor) else t,
                                 expected)
-            args = _to((s.input, *s.args, s.kwargs), device)
+            args = to_device((s.input, *s.args, s.kwargs), device)
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     returned = op(args[0], *args[1:-1], **args[-1], out=out)
             except Exception as e:  # noqa: BLE001
-                if _refused(e):
+                if refused(e):
                     raise unittest.SkipTest(f"refused by the card: {str(e).splitlines()[0]}") from None
                 raise
             self._assert_close(out, expected, dtype, msg="the out= tensor")
@@ -155,7 +127,7 @@ class TestSpyreOps(seam.device_test_case()):
             ref = self._reference(device, op, mixed, dtype)
             if ref is None:
                 continue
-            args = _to((mixed.input, *mixed.args, mixed.kwargs), device)
+            args = to_device((mixed.input, *mixed.args, mixed.kwargs), device)
             out = op(args[0], *args[1:-1], **args[-1])
             expected = ref[0]
             for o, e in zip(seam.tree_leaves(out), seam.tree_leaves(expected)):
@@ -193,7 +165,7 @@ class TestSpyreOps(seam.device_test_case()):
         samples = _samples(op, dtype)[:1]
         torch.compiler.reset()  # one lambda's code for every op: without a reset Dynamo hits its recompile limit
         compiled = torch.compile(lambda *a, **k: op(*a, **k), dynamic=False)
-        self._run_samples(device, dtype, compiled, samples, _to)
+        self._run_samples(device, dtype, compiled, samples, to_device)
 
     @seam.dtypes(*REFUSED_DTYPES)
     def test_unsupported_dtype_refused(self, device, dtype):

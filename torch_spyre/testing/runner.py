@@ -15,6 +15,7 @@ failure or unexpected pass.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,7 +33,11 @@ from .suite import Source, Suite, SuiteError, load_suite
 
 SHIPPED_CONFIGS = Path(__file__).with_name("configs")
 # lines PyTorch's test harness appends to every failure: not the reason
-BOILERPLATE = ("PYTORCH_PRINT_REPRO_ON_FAILURE", "To execute this test, run", "PYTORCH_OPINFO_SAMPLE_INPUT_INDEX")
+# ("Caused by sample input at index N" names the last sample generated, not the one that failed: the templates
+# say which sample failed in their own message)
+BOILERPLATE = ("PYTORCH_PRINT_REPRO_ON_FAILURE", "To execute this test, run", "PYTORCH_OPINFO_SAMPLE_INPUT_INDEX",
+               "Caused by sample input at index")
+ERROR_LINE = re.compile(r"^(\w+\.)*\w*(Error|Exception|Exit|Interrupt)\b: ")
 CATEGORIES = ("passed", "xfailed", "skipped", "unexpected failure", "unexpected pass")
 
 
@@ -63,7 +68,13 @@ class Outcome:
             return f"passes; remove its xfail ({self.planned.entry.split(' (')[0]})"
         lines = [line for line in self.message.strip().splitlines() if line.strip() and not any(
             boiler in line for boiler in BOILERPLATE)]
-        return lines[-1][:300] if lines else self.raw
+        # the exception's own line (a comparison's message goes on with its details and the sample) ...
+        at = next((i for i in range(len(lines) - 1, -1, -1) if ERROR_LINE.match(lines[i])), None)
+        if at is None:
+            return lines[-1][:300] if lines else self.raw
+        # ... with the largest difference when it is a comparison
+        detail = next((line.strip() for line in lines[at + 1:] if line.startswith("Greatest absolute")), "")
+        return f"{lines[at]} {detail}".strip()[:300]
 
 
 @dataclass

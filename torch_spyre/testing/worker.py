@@ -89,6 +89,12 @@ def collect(source: str, path: str | None) -> list[dict]:
     return out
 
 
+def _clip(text: str, keep: int = 2000) -> str:
+    """The start and the end of a long message: an error's first line (``NotImplementedError: Could not run
+    ...``) can be followed by pages of dispatcher registrations before the end of the traceback."""
+    return text if len(text) <= 2 * keep else f"{text[:keep]}\n[... {len(text) - 2 * keep} characters ...]\n{text[-keep:]}"
+
+
 class _Timeout(Exception):
     pass
 
@@ -123,7 +129,7 @@ class _JsonResult(unittest.TestResult):
         super().stopTest(test)
         key = (type(test).__name__, test._testMethodName)
         record = {"id": self.ids.get(key, f"?::{key[0]}.{key[1]}"), "outcome": self.outcome[0],
-                  "message": self.outcome[1][-4000:], "time": round(time.perf_counter() - self.started, 3)}
+                  "message": _clip(self.outcome[1]), "time": round(time.perf_counter() - self.started, 3)}
         self.out.write(json.dumps(record) + "\n")
         self.out.flush()
 
@@ -136,13 +142,13 @@ def run(chunk: dict, results_path: str) -> None:
     """Run the chunk's tests (``{"source", "path", "timeout", "tests": [{id, class_name, method, atol, rtol}]}``)."""
     module = load_source(chunk["source"], chunk.get("path"))
     classes = _classes(module)
-    ids, suite = {}, unittest.TestSuite()
+    ids, tolerances, suite = {}, {}, unittest.TestSuite()
     for t in chunk["tests"]:
-        case = classes[t["class_name"]](t["method"])
+        key = (t["class_name"], t["method"])
         if t.get("atol") is not None:  # the suite's tolerance: PyTorch's assertEqual takes these as its minimum
-            case.precision, case.rel_tol = t["atol"], t["rtol"]
-        ids[(t["class_name"], t["method"])] = t["id"]
-        suite.addTest(case)
+            tolerances[key] = (t["atol"], t["rtol"])
+        ids[key] = t["id"]
+        suite.addTest(classes[t["class_name"]](t["method"]))
     timeout = int(chunk.get("timeout") or 0)
 
     def on_alarm(signum, frame):
@@ -156,6 +162,9 @@ def run(chunk: dict, results_path: str) -> None:
 
         def start(test):
             original_start(test)
+            # set as each test starts: PyTorch's TestCase keeps precision/rel_tol in one thread-local for every
+            # instance, so a value set on each case at construction would give the whole chunk the last one's
+            test.precision, test.rel_tol = tolerances.get((type(test).__name__, test._testMethodName), (0.0, 0.0))
             if timeout:
                 signal.alarm(timeout)
 

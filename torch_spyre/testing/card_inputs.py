@@ -1,0 +1,44 @@
+"""How the device-generic templates place sample inputs on spyre and compute CPU references.
+
+Shared by the OpInfo templates (``opinfo_tests.py``) and the ModuleInfo templates (``module_tests.py``); a
+module of its own because importing either template module instantiates its tests, and the class name
+``instantiate_device_type_tests`` gives depends on what was instantiated before in the process.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._torch import testing as seam
+from .opinfo_templates import DEVICE_DTYPES
+
+DEFAULT_TOLERANCES = {torch.float32: (1e-3, 1e-3), torch.float16: (2e-2, 2e-2), torch.bfloat16: (5e-2, 5e-2)}
+REFUSED = "cannot hold"  # the device's TypeError for dtypes it cannot hold (device/dtypes.py)
+
+
+def to_device(tree, device):
+    return seam.tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, tree)
+
+
+def as_stored(tree, device):
+    """The CPU tensors of ``tree`` with the values the card holds for them (a round trip through it)."""
+    return seam.tree_map(lambda t: t.to(device).cpu() if isinstance(t, torch.Tensor) and t.dtype in DEVICE_DTYPES
+                         else t, tree)
+
+
+def noncontiguous_on(tree, device):
+    """Each tensor as a strided (every other element) view on ``device`` with the same values."""
+    def view(t):
+        if not isinstance(t, torch.Tensor) or t.dim() == 0:
+            return to_device(t, device)
+        buf = torch.zeros(*t.shape, 2, dtype=t.dtype, device=device)
+        out = buf[..., 1]
+        out.copy_(t.to(device))
+        return out
+
+    return seam.tree_map(view, tree)
+
+
+def refused(e: Exception) -> bool:
+    """Whether ``e`` is the card refusing a dtype it cannot hold."""
+    return isinstance(e, TypeError) and REFUSED in str(e)
