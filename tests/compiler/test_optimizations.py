@@ -194,3 +194,15 @@ def test_a_misspelt_switch_fails_the_op_with_the_known_names_and_leaves_the_devi
         a + a
     monkeypatch.delenv(optimizations.ENV)
     torch.testing.assert_close((a + a).cpu(), torch.arange(16.0).reshape(4, 4) * 2)
+
+
+@pytest.mark.parametrize("name", sorted(optimizations.NOT_BUILT))
+def test_a_planned_but_unbuilt_optimization_is_refused(monkeypatch, name):
+    """Switching off what the compiler does not do yet would silently do nothing: it is refused instead."""
+    monkeypatch.delenv(optimizations.ENV, raising=False)
+    with pytest.raises(optimizations.UnknownOptimizationError, match="not built yet"):
+        with optimizations.disabled(name):
+            pass
+    monkeypatch.setenv(optimizations.ENV, name)
+    with pytest.raises(optimizations.UnknownOptimizationError, match="not built yet"):
+        optimizations.disabled_set()
