@@ -93,7 +93,7 @@ def test_plan_refuses_a_token_without_a_slot():
 @pytest.mark.slow
 def test_compiled_paged_attention_on_the_card_matches_cpu():
     import torch_spyre
-    from torch_spyre.serving.device import DEVICE, compiled_attention, softmax_scale
+    from torch_spyre.serving.device import card_device, compiled_attention, softmax_scale
 
     torch.manual_seed(1)
     kv = torch.randn(2, 6, 16, 2, 8).half()
@@ -103,7 +103,7 @@ def test_compiled_paged_attention_on_the_card_matches_cpu():
     mask[0, :, 20:] = float("-inf")
     mask[1, :, 3:] = float("-inf")
     torch_spyre.reset_fallback_stats()
-    out = compiled_attention()(q.to(DEVICE), kv.to(DEVICE), idx.to(DEVICE), mask.to(DEVICE), softmax_scale(0.35))
+    out = compiled_attention()(q.to(card_device()), kv.to(card_device()), idx.to(card_device()), mask.to(card_device()), softmax_scale(0.35))
     ref = paged_attention(q.float(), kv.float(), idx, mask, 0.35)
     torch.testing.assert_close(out.cpu().float(), ref, atol=4e-3, rtol=4e-3)  # DLFloat16 storage, fp32 math
     assert torch_spyre.fallback_stats() == {}
