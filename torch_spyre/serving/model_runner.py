@@ -56,6 +56,7 @@ class SpyreModelRunner(CPUModelRunner):
     def execute_model(self, scheduler_output, intermediate_tensors=None):
         self._sim_steps.begin(list(scheduler_output.num_scheduled_tokens), scheduler_output.finished_req_ids,
                               self._sim_meter.now(), self._sim_meter.busy())
+        self._sim_link_at_start = self._sim_meter.link()
         output = super().execute_model(scheduler_output, intermediate_tensors)
         if output is not None:  # nothing to sample (no token scheduled): the step ends here
             self._end_sim_step(output)
@@ -70,6 +71,7 @@ class SpyreModelRunner(CPUModelRunner):
         req_ids, sampled = getattr(output, "req_ids", None) or [], getattr(output, "sampled_token_ids", None) or []
         tokens = {req_id: len(ids) for req_id, ids in zip(req_ids, sampled)}
         step = self._sim_steps.end(tokens, self._sim_meter.now(), self._sim_meter.busy())
+        step.link = self._sim_meter.link() - self._sim_link_at_start
         if self._sim_series is not None:
             self._sim_series.record(step)
 
