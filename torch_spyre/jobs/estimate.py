@@ -22,6 +22,10 @@ per-kernel table of both with each kernel's fraction of its op roofline (docs/ca
 (measured on the card, stick padding included, tied embeddings once), the KV cache's device bytes per
 token (the default stick layout of a ``[batch, kv_heads, tokens, head_dim]`` fp16 cache), and the largest
 batch whose KV cache at the prompt's length fits the card's memory next to the weights.
+
+``--cards N`` (``EstimateOptions.cards``) estimates one card's share of the model split over N cards as vLLM's
+tensor parallelism splits it (``shard_config``), with the collectives of tensor parallelism charged on the
+card-to-card link model (``device/collectives.py``) between the compiled regions; memory is then per card.
 """
 
 from __future__ import annotations
