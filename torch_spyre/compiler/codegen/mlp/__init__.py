@@ -29,6 +29,8 @@ from .emit import MlpEmitter
 from .plan import MlpFitError, MlpTiles, assign, choose, passes, row_tiles
 from .spec import MlpSpec, MlpSpecError, _MlpProblem, check
 
+W_TAG, W_CREDIT_TAG = 8, 48  # the leftover weights' forwarding (x's uses share.py's 2 and 16+)
+
 __all__ = ["GENERATOR", "MlpFitError", "MlpSpec", "MlpSpecError", "MlpTiles", "build_fused_mlp", "fit", "generate",
            "op_work"]
 
@@ -52,16 +54,25 @@ def build_fused_mlp(spec: MlpSpec, config: CardConfig) -> tuple[Program, KernelD
     work = assign(p, config)
     tiles, sp_plan, tried = choose(p, work, config)
     offsets = {b.name: b.offset for b in sp_plan.buffers}
-    cores, x_loads = {}, {}
+    cores, x_loads, w_loads = {}, {}, {}
     for c in work.cores:
         em = MlpEmitter(p, work, tiles, c, offsets, config)
-        cores[c.core], x_loads[c.core] = em.run(), em.x_loads
+        cores[c.core], x_loads[c.core], w_loads[c.core] = em.run(), em.x_loads, em.w_loads
     meta: dict[str, Any] = {"kind": "fused_mlp", "tiles": str(tiles)}
+    notes = []
+    if work.leftovers and work.cores[0].leftover[2] > 1:  # a leftover stick's weights: loaded once per group
+        xs = {c: {id(cores[c][i]) for i in idx} for c, idx in x_loads.items()}
+        groups = [_CoreWork(c.core, (c.leftover[0], 1), (0, 1), (0, 1), (0, 1), 0, (c.core,))
+                  for c in work.cores if c.leftover]
+        cores, more = share_a(cores, w_loads, groups, config, tag=W_TAG, credit_tag=W_CREDIT_TAG)
+        notes += more
+        x_loads = {c: [i for i, ins in enumerate(cores[c]) if id(ins) in xs[c]] for c in cores}
     if work.count > 1:  # every core streams the same x tiles: one loads each, the ring carries it on
         row = [_CoreWork(c.core, (0, 1), (0, 1), (0, 1), (0, 1), 0, (c.core,)) for c in work.cores]
-        cores, notes = share_a(cores, x_loads, row, config)
-        if notes:
-            meta["share_notes"] = notes
+        cores, more = share_a(cores, x_loads, row, config)
+        notes += more
+    if notes:
+        meta["share_notes"] = notes
     _check_spans(p, cores, config)
     program = Program(spec.name, _operands(spec), cores, meta)
     decisions = _decisions(p, work, tiles, sp_plan, tried, meta)

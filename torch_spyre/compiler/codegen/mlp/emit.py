@@ -40,6 +40,7 @@ class MlpEmitter:
         self.ins: list[Instruction] = []
         self.toggles: dict[str, int] = {}
         self.x_loads: list[int] = []  # where the x loads are (share_a forwards them)
+        self.w_loads: list[int] = []  # where the leftover stick's weight loads are (shared within its group)
         self.rts = row_tiles(p, t.rows)
         self.n_tiles = [(a, n) for a, n in _chunks_el(p.H, t.n2 * UNIT)]
         self.tile_count = 0  # output tiles of the current row tile so far
@@ -74,14 +75,18 @@ class MlpEmitter:
             share = leftover_rows(self.c, R)
             stick = self.c.leftover[0] if share else None
             cols = self.valid(stick) if share else 0
-            self.sweep(rt, k_tiles, (stick or 0) * UNIT, cols, share or (0, 0))
+            self.sweep(rt, k_tiles, (stick or 0) * UNIT, cols, share or (0, 0), leftover=True)
             if share and share[1]:
                 self.h_epilogue(share[1], stick * UNIT, cols, self.work.base, (share[0], share[1]))
 
-    def sweep(self, rt, k_tiles, col0: int, ncols: int, rows: tuple[int, int]) -> None:
+    def sweep(self, rt, k_tiles, col0: int, ncols: int, rows: tuple[int, int], leftover: bool = False) -> None:
         """One pass: every x tile (loaded, or received, whether or not this core multiplies it, so that
-        every core's x loads agree) times the weight tiles of columns [col0, col0+ncols)."""
+        every core's x loads agree) times the weight tiles of columns [col0, col0+ncols). The leftover
+        stick's weight tiles are one stick wide and packed (one contiguous block each) in buffers of their
+        own: its group's cores load the same tiles, so one loads each and forwards it (``build_fused_mlp``),
+        and a forwarded tile never lands in a buffer the receiver still uses for something else."""
         p, t = self.p, self.t
+        pitch = UNIT if leftover else t.nt * UNIT
         b0, nb, m0, nm = rt
         r0, rn = rows
         active = ncols > 0 and rn > 0
@@ -90,7 +95,9 @@ class MlpEmitter:
             w_offs = {}
             if active:
                 for m, w in mats:
-                    w_offs[m] = self.load_weight(w, f"w{m}", k0, kn, col0, ncols, t.nt * UNIT)
+                    if leftover:
+                        self.w_loads.append(len(self.ins))
+                    w_offs[m] = self.load_weight(w, f"{'l' if leftover else 'w'}{m}", k0, kn, col0, ncols, pitch)
             x_off = self.buf("x")
             self.x_loads.append(len(self.ins))
             self.ins.append(p.x.dma((b0, m0, k0), (nb, nm, kn), x_off, row_bytes=t.kt * UNIT * 2))
@@ -99,7 +106,7 @@ class MlpEmitter:
             a = SpTensor(x_off + r0 * t.kt * UNIT * 2, DL, (rn, kn), (t.kt * UNIT, 1))
             for m, _ in mats:
                 acc = SpTensor(self.off[f"acc_{m}"], F32, (rn, ncols), (t.nt * UNIT, 1))
-                b = SpTensor(w_offs[m], DL, (kn, ncols), (t.nt * UNIT, 1))
+                b = SpTensor(w_offs[m], DL, (kn, ncols), (pitch, 1))
                 self.ins.append(MatMul(acc, a, b, kk > 0))
 
     def load_weight(self, w, name: str, k0: int, kn: int, n0: int, nn: int, pitch: int, dst: int | None = None,

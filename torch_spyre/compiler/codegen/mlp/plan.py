@@ -122,8 +122,13 @@ def buffers(p: _MlpProblem, work: MlpWork, t: MlpTiles) -> list[SpBuffer]:
     for m in mats:
         bufs.append(SpBuffer(f"acc_{m}", R * t.nt * UNIT * 4, 0, 1))
         bufs += [SpBuffer(f"w{m}{i}", t.kt * UNIT * t.nt * UNIT * 2, 0, 1) for i in range(2)]
-        if (p.w_up if m == "u" else p.w_gate).lane_dim == 1:  # sticked on H: staged, transposed in scratchpad
+        staged = (p.w_up if m == "u" else p.w_gate).lane_dim == 1  # sticked on H: transposed in scratchpad
+        if staged:
             bufs += [SpBuffer(f"w{m}_t{i}", t.kt * UNIT * t.nt * UNIT * 2, 0, 1) for i in range(2)]
+        if work.leftovers:  # the leftover stick's tiles (forwarded within its group): buffers of their own
+            bufs += [SpBuffer(f"l{m}{i}", t.kt * UNIT * UNIT * 2, 0, 1) for i in range(2)]
+            if staged:
+                bufs += [SpBuffer(f"l{m}_t{i}", t.kt * UNIT * UNIT * 2, 0, 1) for i in range(2)]
     # x arrives from the ring when the sender is ready, not when this core is: with several row tiles its
     # buffers must not share bytes with phase 2's.
     x_end = 3 if len(row_tiles(p, R)) > 1 else 1
