@@ -4,7 +4,6 @@ the fallback to the unfused kernels, and the ``fused_mlp`` switch."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from pathlib import Path
@@ -13,14 +12,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import torch_spyre.profiler
 from torch_spyre.card import Card, CardConfig, StickLayout
 from torch_spyre.card.timing import time_program
 from torch_spyre.compiler import fused_mlp, optimizations
 from torch_spyre.compiler.access import TensorView
 from torch_spyre.compiler.codegen.mlp import MlpFitError, MlpSpec, MlpSpecError, build_fused_mlp, fit
 
-from .spyre_compile_helpers import TOL, fresh
+from .spyre_compile_helpers import TOL, profiled_kernels
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.programs import run_on_card  # noqa: E402
@@ -197,14 +195,7 @@ def test_the_fused_op_runs_eagerly_on_spyre():
 # --- compiled ---------------------------------------------------------------------------------------
 def profiled(fn, args, off: bool = False):
     """(kernel records of the second call, result on the CPU) of ``fn`` compiled under ``torch.no_grad``."""
-    fresh()
-    dev = [a.to("spyre") for a in args]
-    with torch.no_grad(), optimizations.disabled("fused_mlp") if off else contextlib.nullcontext():
-        compiled = torch.compile(fn)
-        compiled(*dev)
-        with torch_spyre.profiler.profile() as prof:
-            out = compiled(*dev)
-    return [r for r in prof.events() if r.kind == "kernel"], out.cpu()
+    return profiled_kernels(fn, args, ("fused_mlp",) if off else (), no_grad=True)
 
 
 @pytest.mark.slow

@@ -34,7 +34,6 @@ from .epilogue import VIEWS, _on_device, _only_user, _val
 OP_NAME = "fused_mlp"
 _aten = torch.ops.aten
 _MATMULS = (_aten.mm.default, _aten.addmm.default)
-_lib: torch.library.Library | None = None
 
 
 def reference(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation):
@@ -58,20 +57,12 @@ def _meta(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation):
 
 def define_op() -> None:
     """Define ``spyre::fused_mlp`` (idempotent); its eager kernel is :func:`reference` in torch ops."""
-    global _lib
-    if _lib is not None:
-        return
-    lib = torch.library.Library("spyre", "FRAGMENT")
-    lib.define(f"{OP_NAME}(Tensor x, Tensor w_up, Tensor? w_gate, Tensor w_down, Tensor? b_up, Tensor? b_gate, "
-               "Tensor? b_down, str activation) -> Tensor")
-    lib.impl(OP_NAME, _eager, "CompositeExplicitAutograd")
-    lib.impl(OP_NAME, _meta, "Meta")
-    _lib = lib
+    op()
 
 
 def op() -> Any:
-    define_op()
-    return getattr(torch.ops.spyre, OP_NAME).default
+    return epilogue.define_device_op(OP_NAME, "(Tensor x, Tensor w_up, Tensor? w_gate, Tensor w_down, Tensor? b_up, "
+                                     "Tensor? b_gate, Tensor? b_down, str activation) -> Tensor", _eager, _meta)
 
 
 @dataclass
@@ -106,7 +97,6 @@ def fuse_mlps(gm: torch.fx.GraphModule) -> list[Mlp]:
                 _rewrite(gm.graph, found)
                 done.append(found)
     if done:
-        gm.graph.eliminate_dead_code()
         gm.graph.lint()
         gm.recompile()
     return done
@@ -274,6 +264,26 @@ def _rewrite(graph: torch.fx.Graph, m: Mlp) -> None:
         fused.meta["spyre_fused_mlp"] = {"activation": m.activation, "gated": m.w_gate is not None,
                                          "from_ops": [str(n.target) for n in m.nodes]}
     last.replace_all_uses_with(fused)
+    # The pattern's nodes (and the reshapes of x they read) are dead now; nothing else is touched.
+    dead = list(dict.fromkeys([last, *m.nodes, *_x_views(m)]))
+    while True:
+        gone = [n for n in dead if not n.users]
+        if not gone:
+            break
+        for n in gone:
+            graph.erase_node(n)
+            dead.remove(n)
+
+
+def _x_views(m: Mlp) -> list:
+    """The reshapes of x the up and gate matmuls read (dead when the fused op reads x's source)."""
+    out = []
+    for n in m.nodes:
+        if getattr(n, "target", None) in _MATMULS:
+            a = _operands(n)[0]
+            if getattr(a, "target", None) in VIEWS:
+                out.append(a)
+    return out
 
 
 __all__ = ["Mlp", "define_op", "fuse_mlps", "match", "op", "reference"]

@@ -70,14 +70,14 @@ class MlpEmitter:
         for off, count in passes(self.work, self.t.nt):
             s0 = self.c.first + off
             self.sweep(rt, k_tiles, s0 * UNIT, min(self.p.I, (s0 + count) * UNIT) - s0 * UNIT, (0, R))
-            self.h_epilogue(R, s0 * UNIT, min(self.p.I, (s0 + count) * UNIT) - s0 * UNIT, off, (0, R))
+            self.h_epilogue(R, s0 * UNIT, min(self.p.I, (s0 + count) * UNIT) - s0 * UNIT, off)
         if self.work.leftovers:
             share = leftover_rows(self.c, R)
             stick = self.c.leftover[0] if share else None
             cols = self.valid(stick) if share else 0
             self.sweep(rt, k_tiles, (stick or 0) * UNIT, cols, share or (0, 0), leftover=True)
             if share and share[1]:
-                self.h_epilogue(share[1], stick * UNIT, cols, self.work.base, (share[0], share[1]))
+                self.h_epilogue(share[1], stick * UNIT, cols, self.work.base)
 
     def sweep(self, rt, k_tiles, col0: int, ncols: int, rows: tuple[int, int], leftover: bool = False) -> None:
         """One pass: every x tile (loaded, or received, whether or not this core multiplies it, so that
@@ -125,7 +125,7 @@ class MlpEmitter:
                                     (SpTensor(stage, DL, (kn, nn), (1, kt)),)))
         return dst
 
-    def h_epilogue(self, rn: int, col0: int, ncols: int, local0: int, rows: tuple[int, int]) -> None:
+    def h_epilogue(self, rn: int, col0: int, ncols: int, local0: int) -> None:
         """Bias, activation and gate product on the fp32 accumulators; h written stick by stick (one
         rounding to DLFloat16). A leftover share's rows fill h's leftover block from its start."""
         p, t = self.p, self.t
@@ -138,7 +138,6 @@ class MlpEmitter:
             self.ins.append(bias.dma((0, 0, col0), (1, 1, ncols), dst))
             view = SpTensor(dst, bias.layout.device_dtype, (rn, ncols), (0, 1))
             self.ins.append(Elementwise("fma", acc[m], (acc[m], Scalar(1.0), view)))
-        act_on = "g" if p.gated else "u"
         if p.gated:
             self.ins.append(Elementwise(p.spec.activation, acc["g"], (acc["g"],)))
         for j in range(-(-ncols // UNIT)):
@@ -148,7 +147,7 @@ class MlpEmitter:
             if p.gated:
                 self.ins.append(Elementwise("mul", out, (col("g"), col("u"))))
             else:
-                self.ins.append(Elementwise(p.spec.activation, out, (col(act_on),)))
+                self.ins.append(Elementwise(p.spec.activation, out, (col("u"),)))
 
     # --- phase 2 ---------------------------------------------------------------------------------
     def phase2(self, rt) -> None:

@@ -151,9 +151,8 @@ def buffers(p: _MlpProblem, work: MlpWork, t: MlpTiles) -> list[SpBuffer]:
 def candidates(p: _MlpProblem, work: MlpWork) -> list[MlpTiles]:
     """Tilings in order of preference: the most tokens per row tile (each row tile reads the weights
     once), then the widest passes (each pass reads x once), x tiles and receive slots."""
-    out, rows = [], p.rows if p.S <= 4096 else 4096
-    row_options = []
-    while rows >= 1:
+    out, row_options, rows = [], [], p.rows
+    while True:  # halving down to 64 tokens (or fewer when there are fewer)
         row_options.append(rows)
         if rows <= 64:
             break
