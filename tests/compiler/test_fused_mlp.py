@@ -63,6 +63,7 @@ def ffn(act):
     (64, 128, 320, 4, False, True, "gelu", None, False),  # no gate, biases
     (300, 128, 320, 4, True, True, "silu", 200 * 1024, False),  # too many tokens for one row tile: streams
     (100, 192, 200, 3, True, False, "silu", None, True),  # weights in nn.Linear's layout: transposed in kernel
+    (40, 100, 130, 32, True, True, "gelu_tanh", None, False),  # partial hidden sticks; 3 sticks on 3 of 32 cores
 ])
 def test_generator_matches_torch(M, H, I, cores, gated, bias, act, sp, linear):
     cfg = CardConfig(num_cores=cores, **({"scratchpad_plannable_bytes": sp} if sp else {}))

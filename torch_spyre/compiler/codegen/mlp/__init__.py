@@ -113,8 +113,8 @@ def _decisions(p: _MlpProblem, work, tiles: MlpTiles, sp_plan, tried: list[str],
     d.work_division = {
         "cores": work.count, "intermediate_sticks_per_core": work.base,
         "leftover_sticks": (f"{left} stick(s) left over after {work.base} per core, each split by tokens over "
-                            f"{work.cores[0].leftover[2]} cores (each loads its weights): every core does the same "
-                            "work" if left else "none"),
+                            f"{work.cores[0].leftover[2]} cores (one loads each weight tile and forwards it within the "
+                            f"group): {_balance(work)}" if left else "none"),
         "x": "loaded once per pass and forwarded core to core over the ring" if work.count > 1 and
              not meta.get("share_notes") else "each core loads its own",
         "down": f"K-split over the {work.count} cores; partial sums flow over the ring from both sides to core "
@@ -135,6 +135,11 @@ def _decisions(p: _MlpProblem, work, tiles: MlpTiles, sp_plan, tried: list[str],
     d.alternatives = [{"tiles": t} for t in tried]
     d.notes += list(meta.get("share_notes", []))
     return d
+
+
+def _balance(work) -> str:
+    idle = sum(1 for c in work.cores if c.leftover is None)
+    return "every core does the same work" if not idle else f"{idle} core(s) have no leftover share"
 
 
 def generate(kspec: Any, places: dict[str, Any], config: CardConfig) -> Program:

@@ -3,9 +3,10 @@ the scratchpad buffers, chosen so that every core does the same work.
 
 The intermediate dimension I (in sticks of 64) is split over the cores: each owns ``base`` whole sticks
 for every token. The ``S mod P`` sticks left over are split by tokens instead: each goes to a group of
-``P // L`` cores, each computing it for its share of a row tile's rows (it loads that stick's weights
-itself), so no core owns a whole stick more than another (Granite's 200 sticks over 32 cores: 6 each
-and a quarter of one, instead of 7 on eight cores and 6 on the rest).
+``P // L`` cores, each computing it for its share of a row tile's rows (its weight tiles are loaded
+once per group and forwarded over the ring), so no core owns a whole stick more than another
+(Granite's 200 sticks over 32 cores: 6 each and a quarter of one, instead of 7 on eight cores and 6 on
+the rest).
 
 Order (``emit.py``): per row tile, phase 1 runs the core's sticks in passes of ``nt`` sticks, each a sweep
 over H in x tiles of ``kt`` sticks (x is loaded once per pass and forwarded core to core over the ring,
