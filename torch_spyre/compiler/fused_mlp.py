@@ -229,6 +229,8 @@ def _assemble(down, up, gate, activation, nodes, b_down, w_down) -> Mlp | None:
         if t is not None and (not _static(t) or not _on_device(t) or _val(t).dtype not in (torch.float16, torch.bfloat16)):
             return None
     xv, wu, wd = _val(x), _val(w_up), _val(w_down)
+    if not xv.is_contiguous():  # the kernel reads x sticked on its last dim, as a contiguous x is laid out
+        return None
     if xv.dim() != 2 or wu.dim() != 2 or wd.dim() != 2 or wu.shape[0] != xv.shape[1] \
             or tuple(wd.shape) != (wu.shape[1], xv.shape[1]):
         return None

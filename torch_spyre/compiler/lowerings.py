@@ -196,7 +196,9 @@ def _lower_fused_mlp(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation):
 
 
 def _mlp_fit(roles, inputs, size, dtype, activation, config, mlp) -> str | None:
-    """None when the fused kernel fits, else why not (shapes must be static to know)."""
+    """None when the fused kernel fits, else why not (shapes must be static to know). The weights are taken
+    in the layout that needs the most scratchpad (sticked on K: staged and transposed in the kernel), since
+    the layouts they will have at run time are not known here."""
     from .access import TensorView, device_dtype_of
     from ..card.layout import StickLayout
 
@@ -205,8 +207,12 @@ def _mlp_fit(roles, inputs, size, dtype, activation, config, mlp) -> str | None:
         if not all(isinstance(d, int) or (hasattr(d, "is_number") and d.is_number) for d in shape):
             return f"the {role} shape {list(shape)} is symbolic; the fit is checked on static shapes"
         shape = tuple(int(d) for d in shape)
-        # the layouts the graph's layout plan gives the operands: the last view dim sticked
-        views[role] = TensorView(role, StickLayout(shape, -1, device_dtype_of(dtype)), shape)
+        layout = StickLayout(shape, -1, device_dtype_of(dtype))
+        if role.startswith("w_"):  # the worst case: nn.Linear's own layout (sticked on K), transposed in kernel
+            layout = StickLayout(shape[::-1], -1, device_dtype_of(dtype))
+            views[role] = TensorView(role, layout, shape, (1, shape[0]))
+        else:
+            views[role] = TensorView(role, layout, shape)
     spec = mlp.MlpSpec(views["x"], views["w_up"], views["w_down"], views["out"], views.get("w_gate"),
                        views.get("b_up"), views.get("b_gate"), views.get("b_down"), activation)
     return mlp.fit(spec, config)
