@@ -44,6 +44,7 @@ class MlpEmitter:
         self.rts = row_tiles(p, t.rows)
         self.n_tiles = [(a, n) for a, n in _chunks_el(p.H, t.n2 * UNIT)]
         self.tile_count = 0  # output tiles of the current row tile so far
+        self.acc: dict[str, int] = {}  # the current pass's accumulators (up, gate)
 
     def buf(self, name: str) -> int:
         i = self.toggles.get(name, 0)
@@ -91,6 +92,8 @@ class MlpEmitter:
         r0, rn = rows
         active = ncols > 0 and rn > 0
         mats = [("u", p.w_up)] + ([("g", p.w_gate)] if p.gated else [])
+        if active:  # two accumulator sets: this pass's epilogue runs behind the next pass's matmuls
+            self.acc = {m: self.buf(f"acc_{m}") if t.acc_double else self.off[f"acc_{m}"] for m, _ in mats}
         for kk, (k0, kn) in enumerate(k_tiles):
             w_offs = {}
             if active:
@@ -105,7 +108,7 @@ class MlpEmitter:
                 continue
             a = SpTensor(x_off + r0 * t.kt * UNIT * 2, DL, (rn, kn), (t.kt * UNIT, 1))
             for m, _ in mats:
-                acc = SpTensor(self.off[f"acc_{m}"], F32, (rn, ncols), (t.nt * UNIT, 1))
+                acc = SpTensor(self.acc[m], F32, (rn, ncols), (t.nt * UNIT, 1))
                 b = SpTensor(w_offs[m], DL, (kn, ncols), (pitch, 1))
                 self.ins.append(MatMul(acc, a, b, kk > 0))
 
@@ -129,8 +132,7 @@ class MlpEmitter:
         """Bias, activation and gate product on the fp32 accumulators; h written stick by stick (one
         rounding to DLFloat16). A leftover share's rows fill h's leftover block from its start."""
         p, t = self.p, self.t
-        acc = {m: SpTensor(self.off[f"acc_{m}"], F32, (rn, ncols), (t.nt * UNIT, 1)) for m in ("u", "g")
-               if f"acc_{m}" in self.off}
+        acc = {m: SpTensor(off, F32, (rn, ncols), (t.nt * UNIT, 1)) for m, off in self.acc.items()}
         for m, bias in (("u", p.b_up), ("g", p.b_gate)):
             if bias is None:
                 continue
@@ -143,7 +145,7 @@ class MlpEmitter:
         for j in range(-(-ncols // UNIT)):
             v = min(UNIT, ncols - j * UNIT)
             out = SpTensor(self.h_stick(local0 + j), DL, (rn, v), (UNIT, 1))
-            col = lambda m: SpTensor(self.off[f"acc_{m}"] + j * UNIT * 4, F32, (rn, v), (t.nt * UNIT, 1))  # noqa: E731
+            col = lambda m: SpTensor(self.acc[m] + j * UNIT * 4, F32, (rn, v), (t.nt * UNIT, 1))  # noqa: E731
             if p.gated:
                 self.ins.append(Elementwise("mul", out, (col("g"), col("u"))))
             else:

@@ -39,10 +39,12 @@ class MlpTiles:
     kt: int  # hidden sticks per x tile
     n2: int  # output (hidden) sticks per phase-2 tile
     slots: int  # partial-sum receive slots per chain direction
+    acc_double: bool = False  # two sets of phase-1 accumulators: a pass's epilogue overlaps the next pass
 
     def __str__(self) -> str:
         return (f"{self.rows} rows per tile, {self.nt} I sticks per pass, x tiles of {self.kt} H sticks, "
-                f"down tiles of {self.n2} H sticks, {self.slots} receive slot(s) per direction")
+                f"down tiles of {self.n2} H sticks, {self.slots} receive slot(s) per direction"
+                + (", two accumulator sets" if self.acc_double else ""))
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,8 @@ def buffers(p: _MlpProblem, work: MlpWork, t: MlpTiles) -> list[SpBuffer]:
     bufs = [SpBuffer("h", (work.base * R + left_rows) * UNIT * 2, 0, 3)]
     mats = ["u", "g"] if p.gated else ["u"]
     for m in mats:
-        bufs.append(SpBuffer(f"acc_{m}", R * t.nt * UNIT * 4, 0, 1))
+        names = [f"acc_{m}0", f"acc_{m}1"] if t.acc_double else [f"acc_{m}"]
+        bufs += [SpBuffer(n, R * t.nt * UNIT * 4, 0, 1) for n in names]
         bufs += [SpBuffer(f"w{m}{i}", t.kt * UNIT * t.nt * UNIT * 2, 0, 1) for i in range(2)]
         staged = (p.w_up if m == "u" else p.w_gate).lane_dim == 1  # sticked on H: transposed in scratchpad
         if staged:
@@ -159,10 +162,11 @@ def candidates(p: _MlpProblem, work: MlpWork) -> list[MlpTiles]:
             break
         rows = max(64, -(-rows // 2))
     for r in row_options:
-        for nt in (2, 1):
+        for nt, double in ((2, True), (1, True), (2, False), (1, False)):
             for kt in (2, 1):
                 for slots in (2, 1):
-                    out.append(MlpTiles(r, min(nt, max(work.base, 1)), min(kt, p.h_sticks), 1, slots))
+                    nt_ = min(nt, max(work.base, 1))
+                    out.append(MlpTiles(r, nt_, min(kt, p.h_sticks), 1, slots, double and -(-work.base // nt_) > 1))
     return list(dict.fromkeys(out))
 
 
