@@ -122,6 +122,7 @@ def _decisions(p: _MlpProblem, work, tiles: MlpTiles, sp_plan, tried: list[str],
     d.tiling = {"rows_per_tile": tiles.rows, "row_tiles": len(row_tiles(p, tiles.rows)),
                 "passes": len(passes(work, tiles.nt)) + (1 if left else 0), "I_sticks_per_pass": tiles.nt,
                 "x_tile_H_sticks": tiles.kt, "down_tile_H_sticks": tiles.n2, "receive_slots": tiles.slots,
+                "accumulator_sets": 2 if tiles.acc_double else 1,
                 "order": "per row tile: up/gate passes writing h, then down tiles with the partial-sum chains"}
     d.scratchpad = {"peak_bytes": sp_plan.peak_bytes, "capacity": sp_plan.capacity,
                     "buffers": {b.name: b.aligned_bytes for b in sp_plan.buffers},
