@@ -74,6 +74,17 @@ def test_every_weight_matrix_is_shrunk(model_type):
     assert largest <= 2 ** 17, (model_type, largest)
 
 
+@pytest.mark.parametrize("model_type", ["bamba", "falcon_h1", "granitemoehybrid"])
+def test_mamba2_mixers_are_shrunk(model_type):
+    """128 heads, a 256-wide state and 256-token chunks (8 tokens padded to one chunk) made these the slowest
+    models of the sweep, eager too. Shrunk: 4 heads, a 16-wide state, two chunks of 4 tokens; the CPU
+    forward runs (build)."""
+    cfg = catalog.build(model_type).model.config
+    assert (cfg.mamba_n_heads, cfg.mamba_d_state, cfg.mamba_chunk_size) == (4, 16, 4)
+    width = getattr(cfg, "mamba_d_ssm", None) or cfg.mamba_expand * cfg.hidden_size
+    assert cfg.mamba_n_heads * cfg.mamba_d_head == width
+
+
 def test_unknown_model_type_is_not_buildable():
     record = check.check_model("no-such-model")
     assert record["status"] == "not_buildable" and "unknown model_type" in record["reason"]

@@ -23,7 +23,8 @@ SIZES: dict[str, Any] = {
                      "hidden_dim", "emb_dim"], HIDDEN),  # emb_dim: XLM/FlauBERT (was 2048, 100 M weights)
     **dict.fromkeys(["intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner",
                      "moe_intermediate_size", "shared_expert_intermediate_size",
-                     "dim_ff", "d_inner"], 2 * HIDDEN),  # CPM-Ant's dim_ff, Funnel's d_inner
+                     "dim_ff", "d_inner", "shared_intermediate_size", "mamba_d_ssm"],
+                    2 * HIDDEN),  # CPM-Ant's dim_ff, Funnel's d_inner, the Mamba-2 hybrids' fields
     **dict.fromkeys(["num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers",
                      "decoder_layers", "num_decoder_layers", "num_encoder_layers"], LAYERS),
     **dict.fromkeys(["num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
@@ -80,6 +81,28 @@ def consistent(values: dict[str, Any], out: dict[str, Any]) -> None:
     _experts(values, out)
     _layers(values, out)
     _blocks(values, out)
+    _mamba2(values, out)
+
+
+MAMBA_CHUNK = 4  # two chunks of the 8 tokens: the inter-chunk recurrence runs too
+
+
+def _mamba2(values: dict, out: dict) -> None:
+    """Mamba-2 mixers (Bamba, Falcon-H1, GraniteMoeHybrid): 128 heads of a 256-wide state in chunks of 256
+    tokens, for 8 tokens padded to one chunk, made them the slowest models of the sweep (timeouts, eager
+    too). 4 heads whose head dim fills the mixer's width, a 16-wide state and chunks of 4 tokens."""
+    if not _int(values.get("mamba_n_heads")):
+        return
+    hidden = next((out[k] for k in _HIDDEN_KEYS if k in out), None) or values.get("hidden_size")
+    width = out.get("mamba_d_ssm", values.get("mamba_d_ssm"))
+    if not _int(width):
+        width = (values.get("mamba_expand") or 2) * hidden
+    heads = min(values["mamba_n_heads"], HEADS)
+    out.update(mamba_n_heads=heads, mamba_d_head=width // heads)
+    if _int(values.get("mamba_d_state")) and values["mamba_d_state"] > 16:
+        out["mamba_d_state"] = 16
+    if _int(values.get("mamba_chunk_size")) and values["mamba_chunk_size"] > MAMBA_CHUNK:
+        out["mamba_chunk_size"] = MAMBA_CHUNK
 
 
 def _blocks(values: dict, out: dict) -> None:
