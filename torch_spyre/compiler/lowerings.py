@@ -5,6 +5,8 @@
   merge dims of their buffer are copied first);
 - ``embedding``, ``index_select``, ``index`` (one index tensor, or several on adjacent dims), ``gather`` -> generator "gather";
 - ``cumsum`` -> a log-step scan of pointwise kernels;
+- ``index_put(_)`` with one 1-d index (a static KV cache's ``index_copy_``) -> the gather of its inverse
+  (``index_put.py``);
 - ``spyre::flash_attention`` (traced SDPA on spyre, ``device/sdpa.py``) -> generator "attention";
 - ``spyre::matmul_epilogue`` (a matmul with its bias, activation and residual, ``epilogue.py``) -> generator
   "matmul" with the epilogue in the kernel;
@@ -555,6 +557,10 @@ def register_lowerings() -> None:
     table[aten.index.Tensor] = (_lower_index(lowering_for(aten.index.Tensor)), "index")
     table[aten.gather.default] = (_lower_gather(lowering_for(aten.gather.default)), "gather")
     table[aten.cumsum.default] = (_lower_cumsum(lowering_for(aten.cumsum.default)), "cumsum")
+    from .index_put import lower_index_put
+
+    table[aten.index_put_.default] = (lower_index_put(lowering_for(aten.index_put_.default), True), "index_put_")
+    table[aten.index_put.default] = (lower_index_put(lowering_for(aten.index_put.default), False), "index_put")
     for op, (fn, name) in table.items():
         original = lowering_for(op)
         if original is None or getattr(original, "__name__", "").startswith("spyre_"):
