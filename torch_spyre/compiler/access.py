@@ -27,7 +27,7 @@ import numpy as np
 import sympy
 
 from ..errors import SpyreError
-from ..card.layout import DEVICE_DTYPES, StickLayout, sorted_unique
+from ..card.layout import DEVICE_DTYPES, StickLayout, run_starts, sorted_unique
 from ..program import STICK_BYTES, DmaPattern, Operand, row_major_strides
 
 
@@ -386,10 +386,7 @@ def _stick_rank(uniq: np.ndarray, sticks: np.ndarray, all_used: bool) -> np.ndar
     if sticks.size >= 4096:
         # Ranks once per run of equal sticks (a stick's lanes are neighbours in a tile's row-major order).
         flat = sticks.reshape(-1)
-        starts = np.empty(flat.size, dtype=bool)
-        starts[0] = True
-        np.not_equal(flat[1:], flat[:-1], out=starts[1:])
-        first = np.flatnonzero(starts)
+        first = np.flatnonzero(run_starts(flat))
         if first.size * 2 <= flat.size:
             runs = np.diff(np.append(first, flat.size))
             return np.repeat(_stick_rank(uniq, flat[first], all_used), runs).reshape(sticks.shape)
