@@ -101,12 +101,15 @@ def test_device_offsets_of_power_of_two_shapes(shape, stick):
 
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint16, np.int8, np.uint8, np.float64])
 @pytest.mark.parametrize("n,span", [(0, 1), (1, 5), (7, 3), (5000, 100), (5000, 15000), (20000, 10**9)])
-def test_sorted_unique_is_numpys_unique(dtype, n, span):
+@pytest.mark.parametrize("runs", [0, 64])
+def test_sorted_unique_is_numpys_unique(dtype, n, span, runs):
     # Big integer arrays in a narrow range take the mask path, the rest a sort: both are np.unique.
     rng = np.random.default_rng(n + span)
     lo = -50 if np.dtype(dtype).kind in "if" else 0
     hi = min(span, int(np.iinfo(dtype).max)) if np.dtype(dtype).kind in "iu" else span
     values = rng.integers(lo, hi, size=n).astype(dtype).reshape(-1, 1) if n else np.zeros(0, dtype)
+    if runs:  # runs of equal values (a stick's lanes side by side) are counted once before sorting
+        values = np.repeat(values, runs, axis=0)
     got = sorted_unique(values)
     assert got.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(got, np.unique(values))

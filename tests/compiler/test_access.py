@@ -158,3 +158,37 @@ def test_choose_splits_makes_one_pass_per_factor_however_many_divisors(monkeypat
     assert splits == _reference_choose_splits([pos]) and splits[1]
     factors = sum(len(f) for f in splits.values())
     assert len(passes) <= factors + 2 * len(pos.shape)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_stick_set_of_long_runs_ranks_like_searchsorted(masked):
+    # A tile of a tensor sticked on columns: each stick's 64 lanes are neighbours, so ranks are taken once
+    # per run of equal sticks; a mask leaves some elements naming sticks outside the set (clipped).
+    lay = StickLayout((40, 4096), 1, "dlfloat16")
+    place = TensorView.whole("t", lay)
+    r, c = grid(40, 4096)
+    dev = access.device_elements(place, 4096 * r + c)[3:37]
+    valid = (c[3:37] % 700 < 500) if masked else None
+    ss = access.stick_set(place, dev, valid)
+    sticks = dev // 64
+    uniq = np.unique(sticks if valid is None else sticks[valid])
+    np.testing.assert_array_equal(ss.sticks, uniq)
+    rank = np.minimum(np.searchsorted(uniq, sticks), uniq.size - 1)
+    np.testing.assert_array_equal(ss.position, rank * 64 + dev % 64)
+
+
+def test_translated_stick_set_is_the_stick_set_of_the_moved_elements():
+    lay = StickLayout((256, 300), 0, "dlfloat16")  # rows are lanes: tiles 25 rows apart start at other lanes
+    place = TensorView.whole("t", lay)
+    r, c = grid(25, 300)
+    first = access.device_elements(place, 300 * r + c)
+    ref = access.stick_set(place, first)
+    moved = access.device_elements(place, 300 * (r + 64) + c)  # a whole stick of rows further: translated
+    t = access.translated(ref, first, moved, 64)
+    direct = access.stick_set(place, moved)
+    np.testing.assert_array_equal(t.sticks, direct.sticks)
+    np.testing.assert_array_equal(t.position, direct.position)
+    assert t.patterns() == access.stick_patterns(direct.sticks) and ref.patterns() == access.stick_patterns(ref.sticks)
+    other_lane = access.device_elements(place, 300 * (r + 25) + c)
+    assert access.translated(ref, first, other_lane, 64) is None
+    assert access.translated(ref, first, first[:, :299], 64) is None  # another shape

@@ -110,3 +110,59 @@ def test_repeated_tiles_share_their_boxes(monkeypatch):
     tiles = program.metadata["decisions"]["tiling"]
     n_tiles = len(program.cores) * -(-2048 // len(program.cores) // tiles["tile"][0])
     assert n_tiles >= 4 and len(computed) < n_tiles
+
+
+@pytest.mark.parametrize("shape,scratchpad", [((1600, 256), 40000), ((2, 400, 192), 30000), ((320, 300), 30000)])
+def test_translated_tiles_give_the_program_of_tile_by_tile_analysis(monkeypatch, shape, scratchpad):
+    """A tile whose device elements are an earlier tile's moved by whole sticks (same lane phase) takes that
+    tile's positions, boxes and DMA patterns moved along (access.translated): the program is the one that
+    analysing every tile on its own writes."""
+    from torch_spyre.compiler import access
+
+    config = load_config().model_copy(update={"scratchpad_plannable_bytes": scratchpad})
+    src, dst = StickLayout(shape, len(shape) - 1, "dlfloat16"), StickLayout(shape, 0, "dlfloat16")
+    hits = []
+    real = access.translated
+    monkeypatch.setattr(access, "translated", lambda *a: (lambda t: hits.append(t is not None) or t)(real(*a)))
+    reused = relayout_program(src, dst, config)
+    assert sum(hits) > 100  # most tiles were translations
+    monkeypatch.setattr(access, "translated", lambda *a: None)
+    alone = relayout_program(src, dst, config)
+    assert _instructions(reused) == _instructions(alone)
+    assert reused.metadata["decisions"] == alone.metadata["decisions"]
+
+
+def _owners_disjoint_by_concatenation(gen, cboxes) -> bool:
+    """The owner check as first written: every box's sticks, concatenated, are distinct."""
+    import numpy as np
+
+    from torch_spyre.card.layout import sorted_unique
+
+    for v in (v for v in gen.dag.values if v.op == "store" and v.attrs["buffer"] not in gen.spec.internal):
+        whole = gen._store_sticks(v)
+        sticks = [sorted_unique(whole[tuple(slice(o, o + n) for o, n in zip(xo, xs))]) for xo, xs in cboxes]
+        allst = np.concatenate(sticks)
+        if sorted_unique(allst).size != allst.size:
+            return False
+    return True
+
+
+def test_owner_check_stopping_at_the_first_shared_stick_agrees_with_the_full_check():
+    from torch_spyre.compiler.access import TensorView
+    from torch_spyre.compiler.codegen.pointwise.generator import PointwiseGenerator
+    from torch_spyre.compiler.codegen.pointwise.tiling import core_boxes, split_counts
+    from torch_spyre.compiler.relayout import relayout_spec
+
+    answers = []
+    for shape, dst_dim in [((300, 200), 0), ((6, 1024), 0), ((3, 70, 130), 1), ((96, 64), 1), ((256, 96), 0)]:
+        src, dst = StickLayout(shape, len(shape) - 1, "dlfloat16"), StickLayout(shape, dst_dim, "dlfloat16")
+        gen = PointwiseGenerator(relayout_spec(shape, "dlfloat16"), {"src": TensorView.whole("src", src),
+                                                                     "dst": TensorView.whole("dst", dst)}, load_config())
+        sizes = list(shape)
+        for cores in (32, 20, 16, 7, 4, 2):
+            for unit in (1, 64, sizes[-1]):
+                cboxes = core_boxes(sizes, split_counts(sizes, cores, unit), unit)
+                if len(cboxes) > 1:
+                    answers.append(gen._owners_disjoint(cboxes))
+                    assert answers[-1] == _owners_disjoint_by_concatenation(gen, cboxes), (shape, cores, unit)
+    assert set(answers) == {True, False}  # divisions that share sticks and divisions that do not

@@ -19,7 +19,7 @@ transposes, slices, ``FloorDiv``/``ModularIndexing`` reshapes):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Callable, Sequence
 
@@ -27,7 +27,7 @@ import numpy as np
 import sympy
 
 from ..errors import SpyreError
-from ..card.layout import DEVICE_DTYPES, StickLayout, sorted_unique
+from ..card.layout import DEVICE_DTYPES, StickLayout, run_starts, sorted_unique
 from ..program import STICK_BYTES, DmaPattern, Operand, row_major_strides
 
 
@@ -338,10 +338,37 @@ class StickSet:
 
     sticks: np.ndarray  # sorted unique device stick numbers
     position: np.ndarray  # per element: rank(stick) * lanes + lane (elements, relative to the load base)
+    # Stick sets that are translations of one another (``translated``) share ``position`` and this dict,
+    # where their users keep what depends only on the positions or on the sticks' pattern (with ``shift``,
+    # the sticks' distance from the first set's): worked out once for all the tiles of a regular tensor.
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
+    shift: int = 0
 
     @property
     def nbytes(self) -> int:
         return int(self.sticks.size) * STICK_BYTES
+
+    def patterns(self) -> list[tuple[int, int, DmaPattern]]:
+        """``stick_patterns(self.sticks)``, computed once per family of translations."""
+        found = self.memo.get("patterns")
+        if found is None:
+            found = self.memo["patterns"] = (self.shift, stick_patterns(self.sticks))
+        shift, pats = found
+        if shift == self.shift:
+            return pats
+        return [(first + self.shift - shift, sp, pat) for first, sp, pat in pats]
+
+
+def translated(ref: StickSet, ref_elems: np.ndarray, device_elems: np.ndarray, lanes: int) -> StickSet | None:
+    """``stick_set`` of ``device_elems`` when they are ``ref_elems`` (whose stick set is ``ref``, under the
+    same ``valid``) moved by a whole number of sticks, else None: the sticks move with them, and the
+    positions (ranks and lanes) stay the same."""
+    if device_elems.shape != ref_elems.shape or device_elems.size == 0:
+        return None
+    d = int(device_elems.flat[0]) - int(ref_elems.flat[0])
+    if d % lanes or not (np.subtract(device_elems, ref_elems) == d).all():
+        return None
+    return StickSet(ref.sticks + d // lanes, ref.position, ref.memo, ref.shift + d // lanes)
 
 
 def stick_set(place: TensorView, device_elems: np.ndarray, valid: np.ndarray | None = None) -> StickSet:
@@ -350,10 +377,23 @@ def stick_set(place: TensorView, device_elems: np.ndarray, valid: np.ndarray | N
     sticks = device_elems // lanes
     used = sticks if valid is None else sticks[valid]
     uniq = sorted_unique(used)
+    return StickSet(uniq, _stick_rank(uniq, sticks, valid is None) * lanes + device_elems % lanes)
+
+
+def _stick_rank(uniq: np.ndarray, sticks: np.ndarray, all_used: bool) -> np.ndarray:
+    """Each element's rank of its stick in ``uniq`` (clipped to the last: masked-off elements may name a
+    stick outside it), what ``np.searchsorted(uniq, sticks)`` gives."""
+    if sticks.size >= 4096:
+        # Ranks once per run of equal sticks (a stick's lanes are neighbours in a tile's row-major order).
+        flat = sticks.reshape(-1)
+        first = np.flatnonzero(run_starts(flat))
+        if first.size * 2 <= flat.size:
+            runs = np.diff(np.append(first, flat.size))
+            return np.repeat(_stick_rank(uniq, flat[first], all_used), runs).reshape(sticks.shape)
     lo = int(uniq[0]) if uniq.size else 0
     span = int(uniq[-1]) - lo + 1 if uniq.size else 0
     if uniq.size and sticks.size >= 4096 and span <= 4 * sticks.size and (
-            valid is None or (sticks.min() >= lo and sticks.max() < lo + span)):
+            all_used or (sticks.min() >= lo and sticks.max() < lo + span)):
         # The rank of every stick by a table over the sticks' range (what searchsorted gives, in O(n)).
         below = np.zeros(span + 1, dtype=np.int64)
         below[uniq - lo + 1] = 1
@@ -361,8 +401,7 @@ def stick_set(place: TensorView, device_elems: np.ndarray, valid: np.ndarray | N
         rank = below[sticks - lo]
     else:
         rank = np.searchsorted(uniq, sticks)
-    rank = np.minimum(rank, max(uniq.size - 1, 0))
-    return StickSet(uniq, rank * lanes + device_elems % lanes)
+    return np.minimum(rank, max(uniq.size - 1, 0))
 
 
 def stick_patterns(dev: np.ndarray, sp_stick0: int = 0) -> list[tuple[int, int, DmaPattern]]:

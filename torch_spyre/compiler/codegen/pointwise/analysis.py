@@ -211,7 +211,7 @@ class KernelGen:
             elif v.op == "load":
                 a.alias = self._internal_alias(v, ch, idx, outer)
             if a.alias is None:
-                a.sticks = access.stick_set(place, dev, valid)
+                a.sticks = self._stick_set(gid, outer, place, dev, valid)
             ch.accesses[gid] = a
         self._dedupe_loads(ch)
         if not with_boxes:
@@ -226,6 +226,24 @@ class KernelGen:
         outer_acc = [a for a in ch.accesses.values()
                      if a.alias is None and a.same_as is None and a.sticks is not None and a.extent == "outer"]
         ch.outer_boxes = self.partition(tuple(ch.xs), outer_acc, outer_static)
+
+    def _stick_set(self, gid: int, outer: bool, place: TensorView, dev: np.ndarray,
+                   valid: np.ndarray | None) -> access.StickSet:
+        """``access.stick_set``, or the translation of an earlier one of this access when its device
+        elements moved by whole sticks under the same mask (another tile of a regular tensor). The last
+        set of each lane phase is kept: tiles whose rows are lanes (a tensor sticked on rows) start at
+        another lane each time and repeat every ``lanes`` tiles at most."""
+        refs = self.__dict__.setdefault("_stick_refs", {})
+        key = (gid, outer, int(dev.flat[0]) % place.lanes if dev.size else -1)
+        ref = refs.get(key)
+        if ref is not None and (valid is None if ref[1] is None else
+                                valid is not None and valid.shape == ref[1].shape and np.array_equal(valid, ref[1])):
+            found = access.translated(ref[2], ref[0], dev, place.lanes)
+            if found is not None:
+                return found
+        sticks = access.stick_set(place, dev, valid)
+        refs[key] = (dev, valid, sticks)
+        return sticks
 
     def _dedupe_loads(self, ch: Chunk) -> None:
         """Loads of the same elements of the same buffer (Inductor repeats a load in every node that
@@ -288,16 +306,28 @@ class KernelGen:
     def _partition_key(self, shape, accs: list[AccessInTile], statics: dict[int, np.ndarray]) -> tuple:
         h = hashlib.blake2b(digest_size=20)
         for a in accs:
-            h.update(f"{a.gid}:{a.sticks.position.shape}:{a.sticks.position.dtype}".encode())
-            h.update(np.ascontiguousarray(a.sticks.position).tobytes())
-            if a.valid is not None:
-                h.update(b"valid")
-                h.update(np.ascontiguousarray(a.valid).tobytes())
+            h.update(self._access_digest(a))
         for g, m in statics.items():
             m = np.asarray(m)
             h.update(f"s{g}:{m.shape}:{m.dtype}".encode())
             h.update(np.ascontiguousarray(m).tobytes())
         return tuple(shape), h.digest()
+
+    @staticmethod
+    def _access_digest(a: AccessInTile) -> bytes:
+        """A digest of an access's positions and mask, kept with its stick set (translations share it, and
+        share the positions; a translation's mask is its first set's)."""
+        key = ("digest", a.gid)
+        found = a.sticks.memo.get(key)
+        if found is None:
+            h = hashlib.blake2b(digest_size=20)
+            h.update(f"{a.gid}:{a.sticks.position.shape}:{a.sticks.position.dtype}".encode())
+            h.update(np.ascontiguousarray(a.sticks.position).tobytes())
+            if a.valid is not None:
+                h.update(b"valid")
+                h.update(np.ascontiguousarray(a.valid).tobytes())
+            found = a.sticks.memo[key] = h.digest()
+        return found
 
     def _partition(self, shape: tuple[int, ...], accs: list[AccessInTile], statics: dict[int, np.ndarray]) -> list[Box]:
         out: list[Box] = []

@@ -11,7 +11,6 @@ import numpy as np
 
 from ....program import STICK_BYTES, Addr, DmaLoad, DmaStore, Elementwise, Scalar
 from ....card.layout import sorted_unique
-from ... import access
 from ...kernel_ir import LoweringError
 from .analysis import AccessInTile, Box, Chunk
 from .fold import fold_scalar
@@ -64,7 +63,7 @@ class Emitter:
         """DMAs between the sticks access ``a`` touches and scratchpad buffer ``sp_buf`` (the sticks one
         after the other, in device order): ``DmaLoad`` into it or ``DmaStore`` out of it."""
         where = "src" if cls is DmaLoad else "dst"
-        for first, rank, pat in access.stick_patterns(a.sticks.sticks):
+        for first, rank, pat in a.sticks.patterns():
             self._add(out, cls, **{where: Addr(a.buffer, first * STICK_BYTES)},
                       sp_offset=Sym(sp_buf, rank * STICK_BYTES, "uint8", (1,), (1,)), pattern=pat)
 
@@ -225,7 +224,9 @@ class Emitter:
         """Stage sticks the step writes only partly (padding included): load them first."""
         a = ch.accesses[g]
         lanes = self.places[a.buffer].lanes
-        covered = sorted_unique(a.sticks.position).size
+        covered = a.sticks.memo.get("covered")
+        if covered is None:  # positions are shared by translations (access.translated)
+            covered = a.sticks.memo["covered"] = sorted_unique(a.sticks.position).size
         if covered < a.sticks.sticks.size * lanes:
             self._dma_sticks(out, DmaLoad, a, f"st{g}")
 

@@ -213,14 +213,31 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
     def _owners_disjoint(self, cboxes) -> bool:
         for v in (v for v in self.dag.values if v.op == "store" and v.attrs["buffer"] not in self.spec.internal):
             whole = self._store_sticks(v)
+            lo, hi = self._store_stick_range(v)
+            # One mark per stick owned so far: a box's sticks already marked belong to an earlier box. A
+            # division that shares a stick usually does so between its first boxes, and stops there.
+            owned = np.zeros(hi - lo + 1, dtype=bool) if hi - lo < 4 * whole.size else None
             sticks = []
             for xo, xs in cboxes:
-                box = whole[tuple(slice(o, o + n) for o, n in zip(xo, xs))]
-                sticks.append(sorted_unique(box))
-            allst = np.concatenate(sticks)
-            if sorted_unique(allst).size != allst.size:
-                return False
+                box = sorted_unique(whole[tuple(slice(o, o + n) for o, n in zip(xo, xs))])
+                if owned is None:
+                    sticks.append(box)
+                    continue
+                if owned[box - lo].any():
+                    return False
+                owned[box - lo] = True
+            if owned is None:
+                allst = np.concatenate(sticks)
+                if sorted_unique(allst).size != allst.size:
+                    return False
         return True
+
+    def _store_stick_range(self, v) -> tuple[int, int]:
+        cache = self.__dict__.setdefault("_store_stick_ranges", {})
+        if v.gid not in cache:
+            whole = self._store_sticks(v)
+            cache[v.gid] = (int(whole.min()), int(whole.max())) if whole.size else (0, -1)
+        return cache[v.gid]
 
     _STICKS_CHUNK = 1 << 22  # elements evaluated at once by _store_sticks (bounds its temporaries)
 
