@@ -112,10 +112,11 @@ def register() -> None:
         catch_all.fallback(_fallback, "PrivateUse1")
         _libraries.extend([aten, catch_all])
 
-        from . import rnn_cells, sdpa, serialization, torch_patches
+        from . import norm_stats, rnn_cells, sdpa, serialization, torch_patches
 
         sdpa.register()  # traced SDPA on spyre -> spyre::flash_attention (see sdpa.py)
         rnn_cells.register()  # GRU/LSTM cells: torch's fused-cell ops as pointwise ops (see rnn_cells.py)
+        norm_stats.register()  # batch/layer norm statistics in the CPU's dtype and shape (see norm_stats.py)
         serialization.register()
         torch_patches.patch()
         _registered = True
