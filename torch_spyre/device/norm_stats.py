@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from .._torch.device import OpOverload
 from .op_call import bound_args, op_info
 
 _libs: list[torch.library.Library] = []  # kept alive: a Library's registrations end with it
@@ -27,7 +28,7 @@ OPS = {
 }
 
 
-def _kernel(op: torch._ops.OpOverload, has_training: bool):
+def _kernel(op: OpOverload, has_training: bool):
     info = op_info(op)
 
     def kernel(*args, **kwargs):
