@@ -51,7 +51,8 @@ class TestSpyreOps(seam.device_test_case()):
 
     def _assert_close(self, actual, expected, dtype, msg=""):
         atol, rtol = self._tolerance(dtype)
-        self.assertEqual(to_device(actual, "cpu"), as_card_result(expected), atol=atol, rtol=rtol, exact_device=False,
+        actual = to_device(actual, "cpu")
+        self.assertEqual(actual, as_card_result(expected, actual), atol=atol, rtol=rtol, exact_device=False,
                          msg=msg or None)
 
     def _reference(self, device, fn, sample, dtype):
