@@ -12,7 +12,9 @@ switch as ``TORCH_SPYRE_DISABLE``), never remembered:
   model (``time_program``, what a launch in timing-only mode advances the clock by); the corelets row does so
   on a copy of the card configuration with ``corelets_in_use`` 1 (``TORCH_SPYRE_CORELETS_IN_USE=1``);
 - the scratchpad row compiles ``torch.softmax`` with ``torch.compile`` on the spyre device and runs it in
-  timing-only mode under the profiler (programs generated and timed, not executed).
+  timing-only mode under the profiler (programs generated and timed, not executed);
+- the fused MLP row compiles a SwiGLU ``nn.Module`` MLP the same way (``benchmarks/fused_mlp.py``): off, its
+  matmul and pointwise kernels; on, one kernel.
 
 "change" is on against off (negative: on is faster); "seed" is the seed's published figure for the same
 optimization (docs/compiler.md, "The optimizations, off and on"). Rows of optimizations not built yet say so.
@@ -46,14 +48,16 @@ class Sizes:
     corelets: tuple[tuple[int, int, int], ...]
     softmax: tuple[tuple[int, int, int | None], ...]  # (rows, cols, cores; None: the core count's choice)
     exchange_bytes_per_core: int | None  # the all-to-all's size; None: the size whose ring time is nearest 1.1 µs
+    mlp: tuple[tuple[int, int, int], ...] = ()  # SwiGLU MLPs: tokens x hidden x intermediate (fp16)
 
 
 FULL = Sizes(tiling=((256, 512, 1024), (1024, 1024, 1024), (512, 4096, 4096)),
              sharing=((1024, 1024, 1024), (512, 4096, 4096)),
              corelets=((1024, 1024, 1024), (512, 4096, 4096)),
-             softmax=((512, 1024, 1), (512, 1024, None)), exchange_bytes_per_core=None)
+             softmax=((512, 1024, 1), (512, 1024, None)), exchange_bytes_per_core=None,
+             mlp=((512, 4096, 12800), (256, 1024, 2816)))  # Granite 3.3 8B's MLP, a smaller one
 TINY = Sizes(tiling=((64, 128, 256),), sharing=((128, 256, 512),), corelets=((64, 128, 256),),
-             softmax=((64, 128, 1),), exchange_bytes_per_core=4096)
+             softmax=((64, 128, 1),), exchange_bytes_per_core=4096, mlp=((64, 128, 256),))
 
 SEED = {
     "matmul_tiling": "kernel time -29 % to -69 %",
@@ -157,6 +161,21 @@ def scratchpad_row(sizes) -> Row:
     return row
 
 
+def mlp_row(shapes) -> Row:
+    from benchmarks.fused_mlp import measure
+
+    row = Row("fused_mlp", "TORCH_SPYRE_DISABLE=fused_mlp", SEED["fused_mlp"],
+              how="torch.compile of a SwiGLU nn.Module MLP (no_grad) on spyre, timing-only run under the profiler; "
+                  "off: the matmul kernels (SiLU in the gate's epilogue), the gate product's pointwise kernel, h "
+                  "through device memory; on: one kernel with h in scratchpad")
+    for shape in shapes:
+        off, on = (measure(*shape, on=v) for v in (False, True))
+        tokens, hidden, inter = shape
+        row.measurements.append(Measurement(f"SwiGLU MLP fp16, {tokens} tokens, {hidden} -> {inter} -> {hidden} "
+                                            f"({off['kernels']} -> {on['kernels']} kernels)", off["us"], on["us"]))
+    return row
+
+
 def relayout_row(bytes_per_core: int | None, config: CardConfig) -> Row:
     """The exchange the seed describes, an all-to-all among the 32 cores: through device memory as two
     kernels with a strided relayout (off) against over the ring (on), hand-written programs timed on the card
@@ -182,7 +201,7 @@ def table(sizes: Sizes = FULL, config: CardConfig | None = None) -> list[Row]:
         matmul_switch_row("matmul_tiling", "TORCH_SPYRE_DISABLE=matmul_tiling", sizes.tiling, config,
                           how + "; off: the naive split (output rows only) and the first tiles that fit"),
         scratchpad_row(sizes.softmax),
-        Row("fused_mlp", "— (not built)", SEED["fused_mlp"], status="not built"),
+        mlp_row(sizes.mlp),
         relayout_row(sizes.exchange_bytes_per_core, config),
         corelets_row(sizes.corelets, config),
         matmul_switch_row("ring_sharing", "TORCH_SPYRE_DISABLE=ring_sharing", sizes.sharing, config,

@@ -34,8 +34,10 @@ def test_the_tiny_table_prints_every_row_as_markdown_and_json(capsys):
             assert r["measurements"] and all(m["off_us"] > 0 and m["on_us"] > 0 for m in r["measurements"])
     planning = rows[1]["measurements"][0]
     assert planning["on_us"] < planning["off_us"]
+    (mlp,) = rows[2]["measurements"]
+    assert rows[2]["status"] == "built" and mlp["on_us"] < mlp["off_us"] and "-> 1 kernels)" in mlp["workload"]
     text = seed.markdown(seed.table(seed.TINY))
-    assert text.count("\n") == 7 and "not built" in text and "all-to-all" in text
+    assert text.count("\n") == 7 and "not built" in text and "all-to-all" in text and "SwiGLU" in text
 
 
 @pytest.mark.slow

@@ -20,8 +20,8 @@ TINY_LLAMA = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 25
               "max_position_embeddings": 256, "tie_word_embeddings": True}
 
 
-def spyre(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != estimate_env()}
+def spyre(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**{k: v for k, v in os.environ.items() if k != estimate_env()}, **(env or {})}
     env["HF_HUB_OFFLINE"] = "1"
     return subprocess.run([sys.executable, "-m", "torch_spyre.cli", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
@@ -39,14 +39,24 @@ def write(tmp_path: Path, data, name: str = "config.json") -> str:
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def tiny_llama_json(tmp_path_factory):
+    """``spyre estimate --json`` of TINY_LLAMA at batch 2, prompt 64, on one card and split over two."""
+    pytest.importorskip("transformers")
+    config = write(tmp_path_factory.mktemp("estimate"), TINY_LLAMA)
+    out = {}
+    for cards in (1, 2):
+        run = spyre("estimate", "--config", config, "--batch", "2", "--prompt", "64", "--new-tokens", "8", "--json",
+                    "--cards", str(cards), env={"TORCH_SPYRE_NUM_CARDS": "2"})
+        assert run.returncode == 0, run.stderr
+        out[cards] = json.loads(run.stdout)
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.models
-def test_estimate_of_a_tiny_llama_prints_consistent_json(tmp_path):
-    pytest.importorskip("transformers")
-    out = spyre("estimate", "--config", write(tmp_path, TINY_LLAMA), "--batch", "2", "--prompt", "64",
-                "--new-tokens", "8", "--json")
-    assert out.returncode == 0, out.stderr
-    r = json.loads(out.stdout)
+def test_estimate_of_a_tiny_llama_prints_consistent_json(tiny_llama_json):
+    r = tiny_llama_json[1]
     for key in ("prefill_ms", "decode_ms_per_token", "tokens_per_s", "weights_bytes", "kv_bytes_per_token",
                 "max_batch_at_prompt"):
         assert r[key] > 0, key
@@ -69,6 +79,38 @@ def test_estimate_of_a_tiny_llama_prints_consistent_json(tmp_path):
         assert sum(k["calls"] for k in lines if k["name"] == "spyre_sdpa") == 3
         assert all(0 < k["roofline_fraction"] <= 1 for k in lines if k["kind"] == "kernel")
     assert "every layer launched" in r["compiled"]
+    assert r["cards"] == 1 and r["prefill_collective_ms"] == r["decode_collective_ms"] == 0
+    assert r["weights_bytes_total"] == r["weights_bytes"]
+
+
+@pytest.mark.slow
+@pytest.mark.models
+def test_two_cards_halve_the_split_weights_and_add_the_modeled_collectives(tiny_llama_json):
+    from torch_spyre.card import load_config
+
+    one, two = tiny_llama_json[1], tiny_llama_json[2]
+    assert two["cards"] == 2
+    # Memory per card: everything but the norms (replicated: 2 per layer and the final one) splits in two; each
+    # card holds 1 of the 2 KV heads.
+    norms = 2 * (3 * 2 * 128 + 128)
+    assert two["weights_bytes"] == (one["weights_bytes"] - norms) // 2 + norms
+    assert two["weights_bytes_total"] == 2 * two["weights_bytes"]
+    assert two["kv_bytes_per_token"] == one["kv_bytes_per_token"] // 2
+    assert two["max_batch_at_prompt"] == (two["capacity_bytes"] - two["weights_bytes"]) // (two["kv_bytes_per_token"] * 64)
+    # Time: per phase, the embedding's all-reduce, two all-reduces per layer (3 layers) of the hidden states
+    # (tokens x 128 fp16) and a gather of the last position's logits (2 x 1 x 256 fp16: 1024 bytes), on the
+    # PCIe peer-to-peer link: a ring all-reduce of B bytes over 2 cards is 2 transfers of B/2.
+    cfg = load_config({})
+    step = lambda nbytes: cfg.p2p_latency_s + nbytes / cfg.p2p_bandwidth  # noqa: E731
+    all_reduce = lambda tokens: 2 * step(tokens * 128 * 2 / 2)  # noqa: E731
+    for phase, tokens, key in (("prefill", 2 * 64, "prefill_ms"), ("decode", 2, "decode_ms_per_token")):
+        expected = 7 * all_reduce(tokens) + step(2 * 256 * 2)
+        assert two[f"{phase}_collective_ms"] == pytest.approx(expected * 1e3, rel=1e-9)
+        assert two[f"{phase}_allreduce_ms_per_layer"] == pytest.approx(2 * all_reduce(tokens) * 1e3, rel=1e-9)
+        # The latency is the shard's kernels plus the collectives, back to back on one stream.
+        kernels = sum(k["ms_total"] for k in two["kernels"] if k["phase"] == phase)
+        assert two[key] == pytest.approx(kernels + two[f"{phase}_collective_ms"], rel=1e-9)
+        assert 0 < kernels < sum(k["ms_total"] for k in one["kernels"] if k["phase"] == phase)
 
 
 def test_the_report_prints_the_figures_and_tables():
@@ -145,6 +187,59 @@ def test_a_missing_file_or_bad_arguments_exit_2(tmp_path, capsys):
             cli.main(args)
         assert e.value.code == 2
     capsys.readouterr()
+
+
+def test_a_tensor_parallel_shard_divides_heads_mlp_and_vocabulary():
+    pytest.importorskip("transformers")
+    full = estimate.build_config(TINY_LLAMA)
+    shard = estimate.build_config(estimate.shard_config(TINY_LLAMA, full, 1))
+    assert shard.num_attention_heads == 4
+    with_cards(8)
+    data = estimate.shard_config(TINY_LLAMA, full, 2)
+    assert {k: data[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+                                 "vocab_size", "hidden_size")} == {
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 128,
+        "vocab_size": 256, "hidden_size": 128}
+    shard = estimate.build_config(data)
+    assert shard.head_dim == 32 and shard.num_hidden_layers == 3
+    # 2 KV heads over 4 cards: replicated, one per card (as vLLM does).
+    assert estimate.shard_config(TINY_LLAMA, full, 4)["num_key_value_heads"] == 1
+
+
+def with_cards(n: int) -> None:
+    """This process's simulated system has ``n`` cards (the test's monkeypatch puts the configuration back)."""
+    from torch_spyre.card import load_config
+    from torch_spyre.device import cards
+
+    cards._config = load_config({}, num_cards=n)
+
+
+@pytest.fixture(autouse=True)
+def _restore_card_config(monkeypatch):
+    from torch_spyre.device import cards
+
+    monkeypatch.setattr(cards, "_config", cards._config)
+
+
+@pytest.mark.parametrize("cards, system, change, message", [
+    ("0", 8, {}, "--cards must be at least 1, got 0"),
+    ("-2", 8, {}, "--cards must be at least 1, got -2"),
+    ("9", 8, {}, "--cards 9: the simulated system has 8 card(s) (num_cards); set TORCH_SPYRE_NUM_CARDS=9"),
+    ("2", 1, {}, "--cards 2: the simulated system has 1 card(s) (num_cards); set TORCH_SPYRE_NUM_CARDS=2"),
+    ("8", 8, {}, "--cards 8: the 4 attention heads do not split evenly over 8 cards"),
+    ("2", 8, {"num_attention_heads": 6, "num_key_value_heads": 3, "hidden_size": 192},
+     "--cards 2: the 3 KV heads neither split evenly over 2 cards nor replicate evenly onto them"),
+    ("2", 8, {"intermediate_size": 255}, "--cards 2: the MLP's intermediate size 255 does not split evenly"),
+])
+def test_bad_card_counts_give_one_line_and_exit_code_2(tmp_path, capsys, cards, system, change, message):
+    pytest.importorskip("transformers")
+    from torch_spyre import cli
+
+    with_cards(system)
+    code = cli.main(["estimate", "--config", write(tmp_path, {**TINY_LLAMA, **change}), "--cards", cards, "--json"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("spyre estimate: ") and message in err, err
 
 
 def test_kv_bytes_per_token_counts_stick_padding():

@@ -178,7 +178,8 @@ def _estimate(args: argparse.Namespace) -> int:
 
     try:
         config, name = read_config(args.config, args.model)
-        options = EstimateOptions(config, name, batch=args.batch, prompt=args.prompt, new_tokens=args.new_tokens)
+        options = EstimateOptions(config, name, batch=args.batch, prompt=args.prompt, new_tokens=args.new_tokens,
+                                  cards=args.cards)
         if args.json:
             result = run(options)
             print(to_json(result))
@@ -211,6 +212,9 @@ def _add_estimate_parser(sub: argparse._SubParsersAction) -> None:
                      help="prompt tokens: the prefill's length and the decode step's KV length (default 512)")
     est.add_argument("--new-tokens", type=_positive_int, default=128,
                      help="generated tokens, for the end-to-end figure (default 128)")
+    est.add_argument("--cards", type=int, default=1,
+                     help="split the model over N cards (tensor parallel, as vLLM splits it): latency includes the "
+                          "card-to-card all-reduces, memory is per card (default 1; at most the system's num_cards)")
     est.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     est.set_defaults(func=_estimate, parser=est)
 

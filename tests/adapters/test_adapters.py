@@ -26,7 +26,7 @@ def moe_model():
 
 
 def test_unknown_adapter_name_is_a_clear_error():
-    with pytest.raises(ValueError, match="no adapter named .nope.; the adapters are: moe_batched_mm, complex_rope_real"):
+    with pytest.raises(ValueError, match="no adapter named .nope.; the adapters are: moe_batched_mm, complex_rope_real, fourier_real_dft"):
         adapters.adapt(torch.nn.Linear(2, 2), ["nope"])
 
 
@@ -125,3 +125,37 @@ def test_complex_rope_real_fixes_the_eager_spyre_forward():
         out = built.model.to("spyre")(**inputs).logits.cpu()
     assert built.model.spyre_adapters == ("moe_batched_mm", "complex_rope_real")
     assert torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0) >= 0.9999
+
+
+def test_real_fft2_equals_the_real_part_of_fftn():
+    from torch_spyre.adapters.fourier import real_fft2
+
+    x = torch.randn(2, 7, 12)
+    torch.testing.assert_close(real_fft2(x), torch.fft.fftn(x, dim=(1, 2)).real, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="longer than 4096"):
+        real_fft2(torch.zeros(1, 4097, 1))
+
+
+def test_fourier_real_dft_is_equivalent_on_cpu():
+    built = catalog.build("fnet")
+    ref = catalog.reference(built)
+    adapters.adapt(built.model, ["fourier_real_dft"])
+    assert built.model.spyre_adapters == ("fourier_real_dft",)
+    torch.testing.assert_close(catalog.reference(built), ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_fourier_real_dft_fixes_fnet_on_spyre():
+    """Before: FNet fails on spyre (its FFT makes complex64). After: eager and compiled match the CPU."""
+    built = catalog.build("fnet")
+    ref = catalog.reference(built)
+    inputs = {k: v.to("spyre") for k, v in built.inputs.items()}
+    stock = torch_spyre.adapt(catalog.build("fnet").model, adapters=[]).to("spyre")
+    with torch.no_grad(), pytest.raises(Exception, match="cannot hold complex64"):
+        stock(**inputs)
+    model = built.model.to("spyre")
+    assert model.spyre_adapters == ("fourier_real_dft",)
+    with torch.no_grad():
+        for fn in (model, torch.compile(model)):
+            out = catalog.compared(built, fn(**inputs)).cpu()
+            assert torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0) >= 0.999

@@ -64,6 +64,24 @@ def run_compiled(fn, *args, dynamic=False):
     return type(out)(cpu) if isinstance(out, (tuple, list)) else cpu[0]
 
 
+def profiled_kernels(fn, args, off: tuple[str, ...] = (), no_grad: bool = False):
+    """(kernel records of the second call, result on the CPU) of ``fn`` compiled on spyre copies of ``args``
+    with the optimizations ``off`` switched off (under ``torch.no_grad`` when asked)."""
+    import contextlib
+
+    import torch_spyre.profiler
+    from torch_spyre.compiler import optimizations
+
+    fresh()
+    dev = [a.to("spyre") for a in args]
+    with torch.no_grad() if no_grad else contextlib.nullcontext(), optimizations.disabled(*off):
+        compiled = torch.compile(fn)
+        compiled(*dev)
+        with torch_spyre.profiler.profile() as prof:
+            out = compiled(*dev)
+    return [r for r in prof.events() if r.kind == "kernel"], out.cpu()
+
+
 def _as_tuple(out):
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 

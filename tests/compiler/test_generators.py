@@ -9,7 +9,7 @@ from torch_spyre.compiler import generators
 
 def test_builtin_generators_are_registered():
     generators.register_builtin_generators()
-    assert {"matmul", "attention", "gather"} <= set(generators.GENERATORS)
+    assert {"matmul", "attention", "gather", "mlp"} <= set(generators.GENERATORS)
 
 
 def test_a_generator_that_fails_to_import_raises(monkeypatch):

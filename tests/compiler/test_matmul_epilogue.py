@@ -3,7 +3,6 @@ into the matmul kernel, its results against the CPU, and what the ``matmul_epilo
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 
@@ -11,10 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import torch_spyre.profiler
 from torch_spyre.compiler import epilogue, optimizations
 
-from .spyre_compile_helpers import TOL, fresh, run_compiled
+from .spyre_compile_helpers import TOL, profiled_kernels, run_compiled
 
 ACTS = {
     "gelu": F.gelu,
@@ -63,14 +61,7 @@ def expect(fn, args, dtype):
 
 def profiled(fn, args, off: bool = False):
     """(kernel records of the second call, result on the CPU) of ``fn`` compiled with the epilogue switch."""
-    fresh()
-    dev = [a.to("spyre") for a in args]
-    with optimizations.disabled("matmul_epilogue") if off else contextlib.nullcontext():
-        compiled = torch.compile(fn)
-        compiled(*dev)
-        with torch_spyre.profiler.profile() as prof:
-            out = compiled(*dev)
-    return [r for r in prof.events() if r.kind == "kernel"], out.cpu()
+    return profiled_kernels(fn, args, ("matmul_epilogue",) if off else ())
 
 
 # --- correctness against the CPU -----------------------------------------------------------------

@@ -63,6 +63,28 @@ def test_shrinking_derives_dims_from_the_new_sizes():
     assert set(catalog.build("gemma3n_text").model.config.layer_types) == {"sliding_attention", "full_attention"}
 
 
+@pytest.mark.parametrize("model_type", ["flaubert", "fsmt", "cpmant", "funnel", "deepseek_v4"])
+def test_every_weight_matrix_is_shrunk(model_type):
+    """Size fields under other names were left at full size: FlauBERT's emb_dim (101 M weights), FSMT's
+    per-language vocabs (42,024), CPM-Ant's dim_ff (10,240), Funnel's d_inner and 12 layers, DeepSeek-V4's
+    q/o ranks and indexer (8192 x 1024): each timed out in the sweep. Now no weight has more than 128K values
+    (CPM-Ant's embedding is 1,280 x 64: the vocab and 32 x 32 prompt tokens)."""
+    built = catalog.build(model_type)
+    largest = max(p.numel() for p in built.model.parameters())
+    assert largest <= 2 ** 17, (model_type, largest)
+
+
+@pytest.mark.parametrize("model_type", ["bamba", "falcon_h1", "granitemoehybrid"])
+def test_mamba2_mixers_are_shrunk(model_type):
+    """128 heads, a 256-wide state and 256-token chunks (8 tokens padded to one chunk) made these the slowest
+    models of the sweep, eager too. Shrunk: 4 heads, a 16-wide state, two chunks of 4 tokens; the CPU
+    forward runs (build)."""
+    cfg = catalog.build(model_type).model.config
+    assert (cfg.mamba_n_heads, cfg.mamba_d_state, cfg.mamba_chunk_size) == (4, 16, 4)
+    width = getattr(cfg, "mamba_d_ssm", None) or cfg.mamba_expand * cfg.hidden_size
+    assert cfg.mamba_n_heads * cfg.mamba_d_head == width
+
+
 def test_unknown_model_type_is_not_buildable():
     record = check.check_model("no-such-model")
     assert record["status"] == "not_buildable" and "unknown model_type" in record["reason"]

@@ -51,6 +51,31 @@ def test_generate_compiled_greedy_tokens_equal_cpu():
 
 
 @pytest.mark.timeout(1800)
+def test_generate_compiled_with_a_static_cache_greedy_tokens_equal_cpu():
+    """``cache_implementation="static"``: the KV cache is preallocated and updated in place with
+    ``index_copy_`` at ``cache_position`` (compiler/index_put.py); the decode step is one graph of fixed
+    shapes, and every op of the compiled graphs runs on the card."""
+    from torch_spyre.compiler import wrapper
+
+    model = _tiny_llama()
+    ids = torch.randint(3, 256, (2, 8), generator=torch.Generator().manual_seed(1))
+    kw = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, cache_implementation="static")
+    with torch.no_grad():
+        ref = copy.deepcopy(model).generate(ids, attention_mask=torch.ones_like(ids), **kw)
+    torch.compiler.reset()
+    model.to("spyre")
+    model.forward = torch.compile(model.forward)
+    wrapper.reset_host_fallback_stats()
+    torch_spyre.reset_fallback_stats()
+    with torch.no_grad(), profile() as prof:
+        got = model.generate(ids.to("spyre"), attention_mask=torch.ones_like(ids).to("spyre"), **kw)
+    assert torch.equal(got.cpu(), ref), (got.cpu()[:, 8:], ref[:, 8:])
+    assert _compiled_kernels(prof)
+    assert wrapper.host_fallback_stats() == {}  # the cache update too: no host kernel in the graphs
+    assert dict(torch_spyre.fallback_stats().compile_fallbacks) == {}
+
+
+@pytest.mark.timeout(1800)
 def test_sentence_transformer_compiled_matches_cpu(monkeypatch):
     """``SentenceTransformer(path, device="spyre").compile(dynamic=False)``: the whole module (transformer and
     pooling) is one compiled graph per input shape, every op on the card, embeddings equal to the CPU's."""

@@ -4,6 +4,7 @@ KV-slot runs and writes, paged attention against a dense reference, the KV budge
 from __future__ import annotations
 
 import math
+import re
 import sys
 
 import pytest
@@ -93,7 +94,7 @@ def test_plan_refuses_a_token_without_a_slot():
 @pytest.mark.slow
 def test_compiled_paged_attention_on_the_card_matches_cpu():
     import torch_spyre
-    from torch_spyre.serving.device import DEVICE, compiled_attention, softmax_scale
+    from torch_spyre.serving.device import card_device, compiled_attention, softmax_scale
 
     torch.manual_seed(1)
     kv = torch.randn(2, 6, 16, 2, 8).half()
@@ -103,7 +104,7 @@ def test_compiled_paged_attention_on_the_card_matches_cpu():
     mask[0, :, 20:] = float("-inf")
     mask[1, :, 3:] = float("-inf")
     torch_spyre.reset_fallback_stats()
-    out = compiled_attention()(q.to(DEVICE), kv.to(DEVICE), idx.to(DEVICE), mask.to(DEVICE), softmax_scale(0.35))
+    out = compiled_attention()(q.to(card_device()), kv.to(card_device()), idx.to(card_device()), mask.to(card_device()), softmax_scale(0.35))
     ref = paged_attention(q.float(), kv.float(), idx, mask, 0.35)
     torch.testing.assert_close(out.cpu().float(), ref, atol=4e-3, rtol=4e-3)  # DLFloat16 storage, fp32 math
     assert torch_spyre.fallback_stats() == {}
@@ -227,6 +228,35 @@ def test_card_meter_reads_the_card_clock_and_compute_time():
     assert t1 - t0 >= compute  # the add waits for the copy in; the copy out waits for the add
 
 
+def test_card_meter_counts_collectives_as_link_time_not_busy_time():
+    from torch_spyre.device import collectives
+    from torch_spyre.serving.sim_time import CardMeter
+
+    meter = CardMeter(0)
+    x = torch.zeros(16, 64, dtype=torch.float16).to("spyre")
+    t0, b0, l0 = meter.now(), meter.busy(), meter.link()
+    rec = collectives.charge(0, "all_reduce", collectives.device_bytes(x), 2, start=t0 + 1e-3)
+    assert rec.start == t0 + 1e-3  # waits for the slowest card
+    assert meter.link() - l0 == collectives.seconds("all_reduce", 16 * 128, 2) == rec.duration
+    assert meter.busy() == b0 and meter.now() == rec.end
+    y = x.cpu()  # the next work on the stream (and on the PCIe port) waits for the collective
+    assert meter.now() > rec.end and torch.equal(y, torch.zeros(16, 64, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("tp, pp, cards, message", [
+    (2, 1, 1, "--tensor-parallel-size 2 needs 2 cards, one per rank, but the simulated system has 1: set "
+              "TORCH_SPYRE_NUM_CARDS=2"),
+    (1, 2, 2, "--pipeline-parallel-size 2: spyre serves tensor parallel only"),
+])
+def test_parallel_config_checks(tp, pp, cards, message):
+    pytest.importorskip("vllm")
+    from torch_spyre.serving.platform import check_parallel
+
+    check_parallel(2, 1, 2)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_parallel(tp, pp, cards)
+
+
 def test_sim_metrics_exposition():
     prometheus_client = pytest.importorskip("prometheus_client")
     from prometheus_client.parser import text_string_to_metric_families
@@ -238,7 +268,7 @@ def test_sim_metrics_exposition():
     metrics = sim_metrics.SimMetrics(registry)
     series = metrics.series("tiny", 0)
     series.record(StepTimes(0.0, 4e-3, 3e-3, ttft=[4e-3, 4e-3], tpot=[]))
-    metrics.series("tiny", 0).record(StepTimes(4e-3, 5e-3, 1e-3, ttft=[], tpot=[1e-3, 1e-3]))
+    metrics.series("tiny", 0).record(StepTimes(4e-3, 5e-3, 1e-3, link=2e-4, ttft=[], tpot=[1e-3, 1e-3]))
     samples = {(s.name, s.labels.get("le")): s.value
                for fam in text_string_to_metric_families(prometheus_client.generate_latest(registry).decode())
                for s in fam.samples if s.labels.get("model_name") == "tiny" and s.labels.get("engine") == "0"}
@@ -248,6 +278,7 @@ def test_sim_metrics_exposition():
     assert samples[(sim_metrics.TPOT + "_count", None)] == 2
     assert samples[(sim_metrics.BUSY + "_total", None)] == pytest.approx(4e-3)
     assert samples[(sim_metrics.STEPS + "_total", None)] == pytest.approx(5e-3)
+    assert samples[(sim_metrics.LINK + "_total", None)] == pytest.approx(2e-4)
     assert samples[(sim_metrics.UTILIZATION, None)] == pytest.approx(0.8)  # both series objects share totals
 
 

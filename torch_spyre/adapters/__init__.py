@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from . import moe, rope  # noqa: F401 - register their adapters
+from . import moe, rope, fourier  # noqa: F401, I001 - register their adapters, in this order
 from .registry import Adapter, get, register, registered
 
 __all__ = ["Adapter", "adapt", "get", "register", "registered"]

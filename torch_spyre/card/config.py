@@ -165,6 +165,18 @@ class CardConfig(BaseModel):
         2e-6, "fixed cost of one host<->device DMA transfer (no public figure)", "assumed", "s", ge=0
     )
 
+    # --- card-to-card link (tensor parallel collectives) -----------------------------------------
+    p2p_bandwidth: float = _figure(
+        54e9, "card-to-card PCIe Gen5 x16 peer-to-peer, per direction. No Spyre figure is published; PCIe Gen5 "
+        "x16 accelerators measured 53-56 GB/s peer to peer on one root complex or switch (54.3 GB/s average, "
+        "github.com/lukealonso/p2pmark; 53-56 GB/s same-NUMA in CUDA p2pBandwidthLatencyTest posts)",
+        "community", "bytes/s", gt=0,
+    )
+    p2p_latency_s: float = _figure(
+        4.1e-6, "fixed cost of one card-to-card transfer: 4.1 us best-pair peer-to-peer latency measured between "
+        "PCIe Gen5 x16 accelerators (p2pmark); no Spyre figure", "community", "s", ge=0,
+    )
+
     # --- kernels --------------------------------------------------------------------------------
     kernel_fixed_cost_s: float = _figure(
         20e-6, "about 20 us fixed cost for a tiny kernel on the device", "community", "s", ge=0

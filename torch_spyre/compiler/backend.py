@@ -3,7 +3,7 @@
 It registers (all through the seam, ``torch_spyre/_torch/inductor.py``):
 
 - the scheduling (``scheduling.py``) and the Python wrapper codegen (``wrapper.py``), with the device's
-  post-grad pass (matmul epilogue fusion, ``epilogue.py``), whose uuid puts :func:`compiler_fingerprint`
+  post-grad pass (fused MLP blocks, ``fused_mlp.py``, then matmul epilogue fusion, ``epilogue.py``), whose uuid puts :func:`compiler_fingerprint`
   in the FX graph cache key;
 - the device op overrides and the device interface (``device_interface.py``);
 - Dynamo's skip of the device's Python kernels (never traced, even inside a compiled region);
@@ -67,11 +67,13 @@ def _make_version_pass():
     class SpyrePostGradPass(torch_inductor.GraphModulePassBase):
         """The device's post-grad pass: Inductor runs it on every graph with spyre tensors after its own
         post-grad passes, and puts its uuid, :func:`compiler_fingerprint`, in the FX graph cache key.
-        It folds matmul epilogues into the matmul (``epilogue.py``) unless ``matmul_epilogue`` is off."""
+        It rewrites MLP blocks into one fused kernel (``fused_mlp.py``) unless ``fused_mlp`` is off, then
+        folds matmul epilogues into the matmul (``epilogue.py``) unless ``matmul_epilogue`` is off."""
 
         def __call__(self, gm) -> None:
-            from . import epilogue
+            from . import epilogue, fused_mlp
 
+            fused_mlp.fuse_mlps(gm)
             epilogue.fuse_matmul_epilogues(gm)
 
         def uuid(self) -> str:  # asked per cache lookup: the card configuration may change in a process

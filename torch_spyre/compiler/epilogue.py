@@ -64,9 +64,6 @@ _MAX_ACTIVATION_NODES = 24  # a decomposed activation is a handful of nodes; thi
 _SAMPLES = torch.cat([torch.linspace(-8.0, 8.0, 161, dtype=torch.float64),
                       torch.tensor([-30.0, -0.001, 0.0, 0.001, 30.0], dtype=torch.float64)])
 
-_lib: torch.library.Library | None = None
-
-
 # =============================================================================================
 # The fused op
 # =============================================================================================
@@ -100,23 +97,30 @@ def _meta(a, b, bias, residual, activation, alpha, beta):
     return a.new_empty((*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1]))
 
 
+_libs: dict[str, torch.library.Library] = {}
+
+
+def define_device_op(name: str, schema: str, eager: Callable, meta: Callable) -> Any:
+    """Define ``spyre::<name>`` once (idempotent) with its eager kernel (torch ops, on any device: a graph that
+    falls back to eager still computes the right thing) and its meta kernel; returns the op overload. The
+    compiler's fused ops (this one, ``fused_mlp.py``'s) are defined this way."""
+    if name not in _libs:
+        lib = torch.library.Library("spyre", "FRAGMENT")
+        lib.define(f"{name}{schema}")
+        lib.impl(name, eager, "CompositeExplicitAutograd")
+        lib.impl(name, meta, "Meta")
+        _libs[name] = lib
+    return getattr(torch.ops.spyre, name).default
+
+
 def define_op() -> None:
-    """Define ``spyre::matmul_epilogue`` (idempotent). Its eager kernel (on any device) is :func:`reference`
-    in torch ops: a graph that falls back to eager still computes the right thing."""
-    global _lib
-    if _lib is not None:
-        return
-    lib = torch.library.Library("spyre", "FRAGMENT")
-    lib.define(f"{OP_NAME}(Tensor a, Tensor b, Tensor? bias, Tensor? residual, str? activation, float alpha, "
-               "float beta) -> Tensor")
-    lib.impl(OP_NAME, _eager, "CompositeExplicitAutograd")
-    lib.impl(OP_NAME, _meta, "Meta")
-    _lib = lib
+    """Define ``spyre::matmul_epilogue`` (idempotent); its eager kernel is :func:`reference` in torch ops."""
+    op()
 
 
 def op() -> Any:
-    define_op()
-    return getattr(torch.ops.spyre, OP_NAME).default
+    return define_device_op(OP_NAME, "(Tensor a, Tensor b, Tensor? bias, Tensor? residual, str? activation, "
+                            "float alpha, float beta) -> Tensor", _eager, _meta)
 
 
 # =============================================================================================

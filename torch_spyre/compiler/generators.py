@@ -21,6 +21,7 @@ BUILTIN_GENERATORS = (
     "torch_spyre.compiler.codegen.matmul",
     "torch_spyre.compiler.codegen.attention",
     "torch_spyre.compiler.codegen.gather",
+    "torch_spyre.compiler.codegen.mlp",
 )
 
 GENERATORS: dict[str, Callable[..., Any]] = {}

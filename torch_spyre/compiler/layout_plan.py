@@ -44,7 +44,9 @@ from .decisions import BufferDecision, KernelDecisions
 
 # Roles of the other whole-op generators that read rows along the stick dim (their last view dim):
 # codegen.attention (q/k/v/mask rows, head dim in sticks), codegen.gather (rows of whole sticks).
-_ROW_READERS = {"attention": ("query", "key", "value", "attn_mask"), "gather": ("source",)}
+_ROW_READERS = {"attention": ("query", "key", "value", "attn_mask"), "gather": ("source",),
+                # codegen.mlp: x sticked on H, the weights on their last view dim (up/gate: I, down: H)
+                "mlp": ("x", "w_up", "w_gate", "w_down", "b_up", "b_gate", "b_down")}
 # Producers that write any layout (the pointwise generator); the others write a fixed layout.
 FLEXIBLE_PRODUCERS = ("pointwise",)
 

@@ -5,9 +5,13 @@
   merge dims of their buffer are copied first);
 - ``embedding``, ``index_select``, ``index`` (one index tensor, or several on adjacent dims), ``gather`` -> generator "gather";
 - ``cumsum`` -> a log-step scan of pointwise kernels;
+- ``index_put(_)`` with one 1-d index (a static KV cache's ``index_copy_``) -> the gather of its inverse
+  (``index_put.py``);
 - ``spyre::flash_attention`` (traced SDPA on spyre, ``device/sdpa.py``) -> generator "attention";
 - ``spyre::matmul_epilogue`` (a matmul with its bias, activation and residual, ``epilogue.py``) -> generator
-  "matmul" with the epilogue in the kernel.
+  "matmul" with the epilogue in the kernel;
+- ``spyre::fused_mlp`` (up (+gate) -> activation -> down, ``fused_mlp.py``) -> generator "mlp", or the
+  unfused kernels when no tiling of the fused kernel fits the scratchpad.
 
 :func:`register_lowerings` puts them in Inductor's global lowerings table (through the seam,
 ``torch_spyre/_torch/inductor.py``); each one hands tensors of other devices to Inductor's own lowering.
@@ -118,7 +122,7 @@ def _matmul_extern(kind: str, roles: list[str], inputs: list, alpha, beta, out_d
     return _extern("matmul", label or kind, roles, inputs, size, out_dtype, params)
 
 
-def _lower_matmul_epilogue(a, b, bias, residual, activation, alpha, beta):
+def _lower_matmul_epilogue(a, b, bias, residual, activation, alpha, beta, note: str | None = None):
     """``spyre::matmul_epilogue`` (``epilogue.py``'s rewrite of a matmul and the bias, activation and
     residual after it) -> one matmul kernel that applies them to the fp32 accumulator before its one
     rounding. fp32 operands at a precision of several passes (``fp32_matmul.py``) sum the passes in a
@@ -131,6 +135,8 @@ def _lower_matmul_epilogue(a, b, bias, residual, activation, alpha, beta):
         ([] if residual is None else ["residual"])
     label = "_".join([kind, *(s for s in steps if s != "bias")])  # e.g. addmm_gelu, bmm_relu_residual
     params = {"epilogue": {"steps": steps, "activation": activation, "optimization": "matmul_epilogue"}}
+    if note:  # why this matmul is not part of a fused MLP kernel (recorded in its decisions)
+        params["unfused_mlp"] = note
     out_dtype = a.get_dtype()
     addends = [x for x in (bias, residual) if x is not None]
     roles = (["bias"] if bias is not None else []) + (["residual"] if residual is not None else []) + ["a", "b"]
@@ -161,6 +167,57 @@ def _lower_matmul_epilogue(a, b, bias, residual, activation, alpha, beta):
     if residual is not None:
         out = torch_inductor.lowering_for(torch.ops.aten.add.Tensor)(out, residual)
     return out
+
+
+def _lower_fused_mlp(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation):
+    """``spyre::fused_mlp`` (``fused_mlp.py``'s rewrite of an MLP block) -> one kernel of the "mlp" generator
+    (``codegen/mlp``) when some tiling of it fits the scratchpad (checked on the static shapes with the
+    layouts the graph's layout plan gives its operands), else the unfused kernels: the up (and gate) matmul
+    with the activation in its epilogue, the gate product, the down matmul; each records why."""
+    from ..device import cards
+    from .codegen import mlp
+
+    x = _matmul_operand(torch_inductor.realize_input(x))
+    operands = {"x": x, "w_up": w_up, "w_gate": w_gate, "w_down": w_down, "b_up": b_up, "b_gate": b_gate,
+                "b_down": b_down}
+    roles = [r for r, v in operands.items() if v is not None]
+    inputs = [x] + [_matmul_operand(torch_inductor.realize_input(operands[r])) for r in roles[1:]]
+    size = [*x.get_size()[:-1], w_down.get_size()[-1]]
+    reason = _mlp_fit(roles, inputs, size, x.get_dtype(), activation, cards.config(), mlp)
+    if reason is None:
+        label = f"mlp_{activation}" + ("_gated" if w_gate is not None else "")
+        return _extern("mlp", label, roles, inputs, size, x.get_dtype(), {"activation": activation, "kind": "fused_mlp"})
+    note = f"fused_mlp not used: {reason}"
+    if w_gate is None:
+        h = _lower_matmul_epilogue(x, w_up, b_up, None, activation, 1.0, 1.0, note)
+    else:
+        g = _lower_matmul_epilogue(x, w_gate, b_gate, None, activation, 1.0, 1.0, note)
+        u = _lower_matmul_epilogue(x, w_up, b_up, None, None, 1.0, 1.0, note)
+        h = torch_inductor.lowering_for(torch.ops.aten.mul.Tensor)(g, u)
+    return _lower_matmul_epilogue(h, w_down, b_down, None, None, 1.0, 1.0, note)
+
+
+def _mlp_fit(roles, inputs, size, dtype, activation, config, mlp) -> str | None:
+    """None when the fused kernel fits, else why not (shapes must be static to know). The weights are taken
+    in the layout that needs the most scratchpad (sticked on K: staged and transposed in the kernel), since
+    the layouts they will have at run time are not known here."""
+    from .access import TensorView, device_dtype_of
+    from ..card.layout import StickLayout
+
+    views = {}
+    for role, node, shape in [*zip(roles, inputs, [i.get_size() for i in inputs]), ("out", None, size)]:
+        if not all(isinstance(d, int) or (hasattr(d, "is_number") and d.is_number) for d in shape):
+            return f"the {role} shape {list(shape)} is symbolic; the fit is checked on static shapes"
+        shape = tuple(int(d) for d in shape)
+        layout = StickLayout(shape, -1, device_dtype_of(dtype))
+        if role.startswith("w_"):  # the worst case: nn.Linear's own layout (sticked on K), transposed in kernel
+            layout = StickLayout(shape[::-1], -1, device_dtype_of(dtype))
+            views[role] = TensorView(role, layout, shape, (1, shape[0]))
+        else:
+            views[role] = TensorView(role, layout, shape)
+    spec = mlp.MlpSpec(views["x"], views["w_up"], views["w_down"], views["out"], views.get("w_gate"),
+                       views.get("b_up"), views.get("b_gate"), views.get("b_down"), activation)
+    return mlp.fit(spec, config)
 
 
 def _activation_ir(name: str, x):
@@ -500,12 +557,17 @@ def register_lowerings() -> None:
     table[aten.index.Tensor] = (_lower_index(lowering_for(aten.index.Tensor)), "index")
     table[aten.gather.default] = (_lower_gather(lowering_for(aten.gather.default)), "gather")
     table[aten.cumsum.default] = (_lower_cumsum(lowering_for(aten.cumsum.default)), "cumsum")
+    from .index_put import lower_index_put
+
+    table[aten.index_put_.default] = (lower_index_put(lowering_for(aten.index_put_.default), True), "index_put_")
+    table[aten.index_put.default] = (lower_index_put(lowering_for(aten.index_put.default), False), "index_put")
     for op, (fn, name) in table.items():
         original = lowering_for(op)
         if original is None or getattr(original, "__name__", "").startswith("spyre_"):
             continue
         torch_inductor.register_lowering(op, _spyre_lowering(original, fn, name))
     _register_sdpa_lowering()
-    from . import epilogue
+    from . import epilogue, fused_mlp
 
     torch_inductor.register_lowering(epilogue.op(), _lower_matmul_epilogue)
+    torch_inductor.register_lowering(fused_mlp.op(), _lower_fused_mlp)

@@ -27,12 +27,13 @@ KNOWN: dict[str, str] = {
     "scratchpad_planning": "kernels keep operands in device memory instead of planning scratchpad residency",
     "ring_sharing": "every core loads its own matmul operands instead of sharing tiles over the ring",
     "matmul_epilogue": "bias, activation and residual after a matmul run as separate pointwise kernels",
+    "fused_mlp": "an MLP block (up (+gate) -> activation -> down) runs as separate matmul and pointwise kernels, "
+                 "its intermediate written to device memory and read back",
 }
 
 #: optimizations the issue tracker plans but the compiler does not make yet. Switching one off would do nothing,
 #: so it is refused with a message saying so (a name moves to KNOWN when its optimization is built).
 NOT_BUILT: dict[str, str] = {
-    "fused_mlp": "one kernel for up (+gate) -> activation -> down",
     "onchip_relayout": "a relayout between fused kernels over the ring instead of through device memory",
 }
 

@@ -20,16 +20,19 @@ MAX_LAYERS = 4  # more layers only to keep every distinct layer type
 SIZES: dict[str, Any] = {
     **dict.fromkeys(["hidden_size", "d_model", "n_embd", "embed_dim", "dim", "word_embed_proj_dim",
                      "embedding_size", "projection_dim", "text_embed_dim", "vision_embed_dim",
-                     "hidden_dim"], HIDDEN),
+                     "hidden_dim", "emb_dim"], HIDDEN),  # emb_dim: XLM/FlauBERT (was 2048, 100 M weights)
     **dict.fromkeys(["intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner",
-                     "moe_intermediate_size", "shared_expert_intermediate_size"], 2 * HIDDEN),
+                     "moe_intermediate_size", "shared_expert_intermediate_size",
+                     "dim_ff", "d_inner", "shared_intermediate_size", "mamba_d_ssm"],
+                    2 * HIDDEN),  # CPM-Ant's dim_ff, Funnel's d_inner, the Mamba-2 hybrids' fields
     **dict.fromkeys(["num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers",
                      "decoder_layers", "num_decoder_layers", "num_encoder_layers"], LAYERS),
     **dict.fromkeys(["num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
                      "decoder_attention_heads"], HEADS),
     **dict.fromkeys(["num_key_value_heads", "n_kv_heads", "num_kv_heads"], 2),
-    "head_dim": HIDDEN // HEADS,
-    **dict.fromkeys(["vocab_size", "n_vocab", "vocab_size_per_layer_input"], 256),  # Gemma3n: a per-layer table too
+    **dict.fromkeys(["head_dim", "dim_head", "d_head"], HIDDEN // HEADS),  # CPM-Ant, Funnel
+    **dict.fromkeys(["vocab_size", "n_vocab", "vocab_size_per_layer_input", "src_vocab_size", "tgt_vocab_size"],
+                    256),  # Gemma3n: a per-layer table too; FSMT: one vocab per language
     "hidden_size_per_layer_input": HIDDEN // HEADS,
     **dict.fromkeys(["num_experts", "num_local_experts", "n_routed_experts"], 4),
     **dict.fromkeys(["num_experts_per_tok", "moe_topk", "top_k"], 2),
@@ -62,11 +65,12 @@ def sizes(values: dict[str, Any]) -> dict[str, Any]:
         out["vocab_size"] = SIZES["vocab_size"]
         if "pad_token_id" in values and values["pad_token_id"] is None:
             out["pad_token_id"] = 1
-    if "vocab_size" in out:
+    vocab = min((out[k] for k in ("vocab_size", "src_vocab_size", "tgt_vocab_size") if k in out), default=None)
+    if vocab is not None:
         for key in TOKEN_ID_FIELDS:
             v = values.get(key)
-            if _int(v) and v >= out["vocab_size"]:
-                out[key] = min(out["vocab_size"] - 1, 2)
+            if _int(v) and v >= vocab:
+                out[key] = min(vocab - 1, 2)
     return out
 
 
@@ -76,6 +80,37 @@ def consistent(values: dict[str, Any], out: dict[str, Any]) -> None:
     _latent_attention(values, out)
     _experts(values, out)
     _layers(values, out)
+    _blocks(values, out)
+    _mamba2(values, out)
+
+
+MAMBA_CHUNK = 4  # two chunks of the 8 tokens: the inter-chunk recurrence runs too
+
+
+def _mamba2(values: dict, out: dict) -> None:
+    """Mamba-2 mixers (Bamba, Falcon-H1, GraniteMoeHybrid): 128 heads of a 256-wide state in chunks of 256
+    tokens, for 8 tokens padded to one chunk, made them the slowest models of the sweep (timeouts, eager
+    too). 4 heads whose head dim fills the mixer's width, a 16-wide state and chunks of 4 tokens."""
+    if not _int(values.get("mamba_n_heads")):
+        return
+    hidden = next((out[k] for k in _HIDDEN_KEYS if k in out), None) or values.get("hidden_size")
+    width = out.get("mamba_d_ssm", values.get("mamba_d_ssm"))
+    if not _int(width):
+        width = (values.get("mamba_expand") or 2) * hidden
+    heads = min(values["mamba_n_heads"], HEADS)
+    out.update(mamba_n_heads=heads, mamba_d_head=width // heads)
+    if _int(values.get("mamba_d_state")) and values["mamba_d_state"] > 16:
+        out["mamba_d_state"] = 16
+    if _int(values.get("mamba_chunk_size")) and values["mamba_chunk_size"] > MAMBA_CHUNK:
+        out["mamba_chunk_size"] = MAMBA_CHUNK
+
+
+def _blocks(values: dict, out: dict) -> None:
+    """Funnel's layers are ``block_sizes`` (default 3 blocks of 4 = 12 layers): one layer per block, the
+    pooling between blocks kept."""
+    blocks = values.get("block_sizes")
+    if isinstance(blocks, list) and blocks and all(_int(b) for b in blocks) and max(blocks) > 1:
+        out["block_sizes"] = [1] * len(blocks)
 
 
 def _heads(values: dict, out: dict) -> None:
@@ -101,9 +136,15 @@ def _heads(values: dict, out: dict) -> None:
 
 def _latent_attention(values: dict, out: dict) -> None:
     """Multi-head latent attention (DeepSeek V2/V3 and kin): small ranks, rope and nope dims that add up."""
+    head_dim = out.get("head_dim", HIDDEN // HEADS)
+    for key in ("q_lora_rank", "o_lora_rank"):  # DeepSeek-V4 has low-rank q and o without kv_lora_rank
+        if _int(values.get(key)) and values[key] > 2 * head_dim:
+            out[key] = 2 * head_dim
+    if _int(values.get("index_head_dim")) and not _int(values.get("kv_lora_rank")):  # its indexer (8192 x 1024)
+        out["index_head_dim"] = head_dim
+        out["index_n_heads"] = min(values.get("index_n_heads") or HEADS, HEADS)
     if not _int(values.get("kv_lora_rank")):
         return
-    head_dim = out.get("head_dim", HIDDEN // HEADS)
     out.update(kv_lora_rank=2 * head_dim, qk_rope_head_dim=head_dim // 2, qk_nope_head_dim=head_dim // 2,
                v_head_dim=head_dim)
     if _int(values.get("q_lora_rank")):

@@ -22,6 +22,10 @@ per-kernel table of both with each kernel's fraction of its op roofline (docs/ca
 (measured on the card, stick padding included, tied embeddings once), the KV cache's device bytes per
 token (the default stick layout of a ``[batch, kv_heads, tokens, head_dim]`` fp16 cache), and the largest
 batch whose KV cache at the prompt's length fits the card's memory next to the weights.
+
+``--cards N`` (``EstimateOptions.cards``) estimates one card's share of the model split over N cards as vLLM's
+tensor parallelism splits it (``shard_config``), with the collectives of tensor parallelism charged on the
+card-to-card link model (``device/collectives.py``) between the compiled regions; memory is then per card.
 """
 
 from __future__ import annotations
@@ -61,11 +65,14 @@ class EstimateOptions:
     batch: int = 1
     prompt: int = 512
     new_tokens: int = 128
+    cards: int = 1  # tensor-parallel degree: the model split over this many cards
 
     def __post_init__(self) -> None:
         for what in ("batch", "prompt", "new_tokens"):
             if getattr(self, what) < 1:
                 raise ValueError(f"{what} must be at least 1, got {getattr(self, what)}")
+        if self.cards < 1:
+            raise EstimateInputError(f"--cards must be at least 1, got {self.cards}")
 
 
 @dataclass
@@ -96,15 +103,22 @@ class EstimateResult:
     decode_ms_per_token: float  # the same for one decode step
     tokens_per_s: float
     generate_ms: float  # prefill + new_tokens decode steps, each at the prompt's KV length
-    weights_bytes: int
-    kv_bytes_per_token: int  # one token of one sequence, all layers, keys and values
-    kv_bytes_at_prompt: int  # batch x prompt tokens
+    weights_bytes: int  # on each card
+    kv_bytes_per_token: int  # on each card: one token of one sequence, all layers, keys and values
+    kv_bytes_at_prompt: int  # on each card: batch x prompt tokens
     max_batch_at_prompt: int
-    capacity_bytes: int
+    capacity_bytes: int  # of each card
     compiled: str
     launches: dict[str, int]  # kernels and eager ops launched, per phase
     kernels: list[KernelLine] = field(default_factory=list)
     host_s: float = 0.0
+    # Tensor parallel (``cards`` > 1): the collectives on the card-to-card link, included in the latencies.
+    cards: int = 1
+    weights_bytes_total: int = 0  # all cards
+    prefill_collective_ms: float = 0.0
+    decode_collective_ms: float = 0.0
+    prefill_allreduce_ms_per_layer: float = 0.0  # a layer's two all-reduces of the hidden states
+    decode_allreduce_ms_per_layer: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -165,6 +179,35 @@ def build_config(data: dict[str, Any], layers: int | None = None) -> Any:
         raise EstimateInputError(f"hidden_size {cfg.hidden_size} is not a multiple of num_attention_heads "
                                  f"{cfg.num_attention_heads}")
     return cfg
+
+
+def shard_config(data: dict[str, Any], cfg: Any, cards: int) -> dict[str, Any]:
+    """The config of one card's share of the model split over ``cards`` cards (tensor parallel, Megatron-style
+    as vLLM splits it): query heads, KV heads (replicated when there are fewer than cards), the MLP's
+    intermediate size and the vocabulary (embedding and LM head) divided by ``cards``; the head size, the
+    hidden size and the norms kept whole. Bad splits raise :class:`EstimateInputError`."""
+    from ..device import cards as system
+
+    available = system.config().num_cards
+    if cards > available:
+        raise EstimateInputError(f"--cards {cards}: the simulated system has {available} card(s) (num_cards); set "
+                                 f"TORCH_SPYRE_NUM_CARDS={cards} (up to 8) or use fewer cards")
+    if cards == 1:
+        return data
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    if heads % cards:
+        raise EstimateInputError(f"--cards {cards}: the {heads} attention heads do not split evenly over {cards} cards")
+    if kv_heads % cards and cards % kv_heads:
+        raise EstimateInputError(f"--cards {cards}: the {kv_heads} KV heads neither split evenly over {cards} cards "
+                                 "nor replicate evenly onto them")
+    if cfg.intermediate_size % cards:
+        raise EstimateInputError(f"--cards {cards}: the MLP's intermediate size {cfg.intermediate_size} does not "
+                                 f"split evenly over {cards} cards")
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return {**data, "num_attention_heads": heads // cards, "num_key_value_heads": max(1, kv_heads // cards),
+            "head_dim": head_dim, "intermediate_size": cfg.intermediate_size // cards,
+            "vocab_size": -(-cfg.vocab_size // cards)}
 
 
 def _one_line(e: BaseException) -> str:
@@ -299,41 +342,81 @@ class _LayerOfCache:
         return self.layer.update(key_states, value_states, *args, **kwargs)
 
 
-class _CompiledLayer(torch.nn.Module):
-    """Decoder layer ``index``, compiled, called with its own layer of the KV cache (``_LayerOfCache``)."""
+def _charge_collective(op: str, out: Any, cards: int, count: int = 1) -> None:
+    """Queue ``count`` collectives ``op`` of ``out``'s device bytes among ``cards`` cards on this card (every card
+    runs the same shard at the same time, so no card waits for another)."""
+    from ..device import collectives
 
-    def __init__(self, layer: torch.nn.Module, index: int):
+    for _ in range(count):
+        collectives.charge(out.device.index or 0, op, collectives.device_bytes(out), cards)
+
+
+class _CompiledLayer(torch.nn.Module):
+    """Decoder layer ``index``, compiled, called with its own layer of the KV cache (``_LayerOfCache``). Split over
+    ``cards`` cards, a layer ends its attention and its MLP with an all-reduce of the hidden states (the row-parallel
+    output projections); both are charged after the layer: on one stream the sum is the same."""
+
+    def __init__(self, layer: torch.nn.Module, index: int, cards: int = 1):
         super().__init__()
-        self.layer, self.index = layer, index
+        self.layer, self.index, self.cards = layer, index, cards
         layer.compile(dynamic=False)
 
     def forward(self, *args: Any, past_key_values: Any = None, **kwargs: Any) -> Any:
         if past_key_values is not None:
             past_key_values = _LayerOfCache(past_key_values.layers[self.index])
-        return self.layer(*args, past_key_values=past_key_values, **kwargs)
+        out = self.layer(*args, past_key_values=past_key_values, **kwargs)
+        if self.cards > 1:
+            _charge_collective("all_reduce", out[0] if isinstance(out, tuple) else out, self.cards, count=2)
+        return out
 
 
-def compile_regions(model: torch.nn.Module) -> list[str]:
-    """Compile each module of the model on its own (regional compilation); the names compiled."""
+class _ThenCollective(torch.nn.Module):
+    """A compiled region followed by collective ``op`` on its output: the vocabulary-parallel embedding's
+    all-reduce, the LM head's gather of the logits to the first card."""
+
+    def __init__(self, module: torch.nn.Module, op: str, cards: int):
+        super().__init__()
+        self.module, self.op, self.cards = module, op, cards
+
+    @property
+    def weight(self) -> torch.Tensor:  # HF reads the embedding's and the LM head's weight
+        return self.module.weight
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.module(*args, **kwargs)
+        _charge_collective(self.op, out, self.cards)
+        return out
+
+
+def compile_regions(model: torch.nn.Module, cards: int = 1) -> list[str]:
+    """Compile each module of the model on its own (regional compilation); the names compiled. With ``cards`` > 1
+    the model is one card's shard and the collectives of tensor parallelism are charged between regions."""
     inner = model.model
     regions = {"embedding": inner.embed_tokens, "rotary embedding": getattr(inner, "rotary_emb", None),
                "final norm": inner.norm, "LM head": model.lm_head}
     for i, layer in enumerate(inner.layers):
-        inner.layers[i] = _CompiledLayer(layer, i)
+        inner.layers[i] = _CompiledLayer(layer, i, cards)
     for module in regions.values():
         if module is not None:
             module.compile(dynamic=False)
+    if cards > 1:
+        inner.embed_tokens = _ThenCollective(inner.embed_tokens, "all_reduce", cards)
+        model.lm_head = _ThenCollective(model.lm_head, "gather", cards)
     return ["decoder layer (one graph for all layers)", *(k for k, v in regions.items() if v is not None)]
 
 
 def run(options: EstimateOptions, status: Any = None) -> EstimateResult:
     """Build, compile and time the model of ``options.config`` in timing-only mode."""
+    from ..card.layout import StickLayout
     from ..compiler import backend
-    from ..device import cards, tensor
+    from ..device import cards, collectives, tensor
     from ..runtime.timing_only import timing_only
 
     t0 = time.perf_counter()
-    cfg = build_config(options.config)
+    full = build_config(options.config)
+    N = options.cards
+    shard = shard_config(options.config, full, N)  # checked for one card too: the system must have it
+    cfg = build_config(shard) if N > 1 else full
     layers = cfg.num_hidden_layers
     backend.register()
     B, P = options.batch, options.prompt
@@ -341,7 +424,7 @@ def run(options: EstimateOptions, status: Any = None) -> EstimateResult:
         warnings.filterwarnings("ignore", message=r".*runs on the host.*")
         _say(status, f"building {options.name} ({layers} layers) on the card, without data")
         model = build_model(cfg)
-        regions = compile_regions(model)
+        regions = compile_regions(model, N)
         ids = torch.empty((B, P), dtype=torch.int64, device="spyre")
         step = torch.empty((B, 1), dtype=torch.int64, device="spyre")
         prefill = dict(input_ids=ids, use_cache=True, logits_to_keep=1)
@@ -358,6 +441,7 @@ def run(options: EstimateOptions, status: Any = None) -> EstimateResult:
     _, pre_lines = kernel_lines("prefill", prefill_records)
     _, dec_lines = kernel_lines("decode", decode_records)
     prefill_ms, decode_ms = span(prefill_records) * 1e3, span(decode_records) * 1e3
+    hidden_bytes = lambda tokens: StickLayout((tokens, cfg.hidden_size), -1, "dlfloat16").nbytes  # noqa: E731
     kv_token = kv_bytes_per_token(cfg, layers, P)
     capacity = cards.config().dram_capacity_bytes
     max_batch = max(0, (capacity - weights) // (kv_token * P))
@@ -369,8 +453,17 @@ def run(options: EstimateOptions, status: Any = None) -> EstimateResult:
         max_batch_at_prompt=int(max_batch), capacity_bytes=int(capacity),
         compiled="regional compilation, every layer launched: " + ", ".join(regions),
         launches={"prefill": len(prefill_records), "decode": len(decode_records)}, kernels=pre_lines + dec_lines,
-        host_s=time.perf_counter() - t0,
+        host_s=time.perf_counter() - t0, cards=N, weights_bytes_total=int(weights) * N,
+        prefill_collective_ms=collective_seconds(prefill_records) * 1e3,
+        decode_collective_ms=collective_seconds(decode_records) * 1e3,
+        prefill_allreduce_ms_per_layer=2 * collectives.seconds("all_reduce", hidden_bytes(B * P), N) * 1e3,
+        decode_allreduce_ms_per_layer=2 * collectives.seconds("all_reduce", hidden_bytes(B), N) * 1e3,
     )
+
+
+def collective_seconds(records: Sequence[Any]) -> float:
+    """Simulated seconds of card-to-card collectives among a phase's work."""
+    return sum(r.duration for r in records if r.kind == "collective")
 
 
 def _say(status: Any, text: str) -> None:
@@ -389,7 +482,8 @@ def print_report(result: EstimateResult, console: Any) -> None:
     from rich.table import Table
 
     r = result
-    console.print(f"[bold]{r.model}[/bold] ({r.architecture}, {r.layers} layers) on the simulated Spyre card, "
+    where = "the simulated Spyre card" if r.cards == 1 else f"{r.cards} simulated Spyre cards (tensor parallel)"
+    console.print(f"[bold]{r.model}[/bold] ({r.architecture}, {r.layers} layers) on {where}, "
                   f"batch {r.batch}, prompt {r.prompt} tokens, fp16 (DLFloat16 on the card)")
     console.print(f"compiled in timing-only mode ({r.compiled})")
     summary = Table(title="Estimate (simulated device time)")
@@ -405,6 +499,16 @@ def print_report(result: EstimateResult, console: Any) -> None:
         (f"KV cache at batch {r.batch} x {r.prompt} tokens", _gib(r.kv_bytes_at_prompt)),
         (f"largest batch whose KV cache fits ({_gib(r.capacity_bytes)} card)", f"{r.max_batch_at_prompt}"),
     ]
+    if r.cards > 1:
+        per_card = ("weights", "KV cache per token (all layers)", f"KV cache at batch {r.batch} x {r.prompt} tokens")
+        rows = [(f"{name} per card" if name in per_card else name, value) for name, value in rows]
+        rows[4:4] = [
+            ("card-to-card collectives in the prefill (PCIe peer to peer)", f"{r.prefill_collective_ms:.3f} ms"),
+            ("card-to-card collectives per decode token", f"{r.decode_collective_ms:.3f} ms"),
+            ("all-reduces per layer: prefill / decode", f"{r.prefill_allreduce_ms_per_layer:.4f} / "
+                                                        f"{r.decode_allreduce_ms_per_layer:.4f} ms"),
+        ]
+        rows.insert(8, (f"weights on all {r.cards} cards", _gib(r.weights_bytes_total)))
     for name, value in rows:
         summary.add_row(name, value)
     console.print(summary)

@@ -144,25 +144,38 @@ class Stream:
     # --- queueing -------------------------------------------------------------------------------
     def enqueue(
         self, name: str, duration: float, *, kind: str = "kernel", resource: str = "compute",
-        details: dict[str, Any] | None = None,
+        details: dict[str, Any] | None = None, also: tuple[str, ...] = (), not_before: float = 0.0,
     ) -> WorkRecord:
-        """Queue ``duration`` simulated seconds of work; returns when (in device time) it runs."""
-        if resource not in RESOURCES:
-            raise ValueError(f"unknown resource {resource!r}; expected one of {RESOURCES}")
+        """Queue ``duration`` simulated seconds of work; returns when (in device time) it runs.
+
+        ``also``: further resources the work holds for the same interval (a card-to-card collective holds
+        both directions of the card's PCIe port). ``not_before``: device time before which it cannot start
+        (a collective waits for the slowest card taking part)."""
+        held = (resource, *also)
+        for r in held:
+            if r not in RESOURCES:
+                raise ValueError(f"unknown resource {r!r}; expected one of {RESOURCES}")
         if duration < 0:
             raise ValueError(f"negative duration {duration} for {name}")
         c = self._clock
         with c._lock:
-            start = max(self.ready_at, c.busy_until[resource], c.host_frontier)
+            start = max(self.earliest_start(held), not_before)
             end = start + duration
             self.ready_at = end
-            c.busy_until[resource] = end
+            for r in held:
+                c.busy_until[r] = end
         tags = getattr(_tags, "value", None)
         details = {**tags, **(details or {})} if tags else (details or {})
         rec = WorkRecord(name, kind, resource, self.card, self.stream_id, start, end, details, duration)
         for fn in list(_listeners):
             fn(rec)
         return rec
+
+    def earliest_start(self, resources: tuple[str, ...] = ("compute",)) -> float:
+        """When work needing ``resources`` queued now on this stream could start."""
+        c = self._clock
+        with c._lock:
+            return max(self.ready_at, c.host_frontier, *(c.busy_until[r] for r in resources))
 
     def wait_event(self, event: "Event") -> None:
         if event.time is None:

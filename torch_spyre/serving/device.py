@@ -8,7 +8,18 @@ import torch
 
 from .paged_attention import paged_attention
 
-DEVICE = torch.device("spyre", 0)
+_card = 0  # this process's card: the TP rank's local rank (worker.py), 0 without tensor parallel
+
+
+def use_card(index: int) -> None:
+    """Serve on ``spyre:index`` from now on in this process (each TP worker process owns one card)."""
+    global _card
+    torch.spyre.set_device(index)  # checks the index against num_cards; ops without an index land here too
+    _card = index
+
+
+def card_device() -> torch.device:
+    return torch.device("spyre", _card)
 
 
 @functools.cache
@@ -18,7 +29,11 @@ def compiled_attention():
     return torch.compile(paged_attention, dynamic=True)
 
 
-@functools.cache
 def softmax_scale(scale: float) -> torch.Tensor:
-    """The softmax scale as a float32 0-d spyre tensor, made once per value."""
-    return torch.tensor(scale, dtype=torch.float32).to(DEVICE)
+    """The softmax scale as a float32 0-d spyre tensor, made once per value and card."""
+    return _scale_on(scale, _card)
+
+
+@functools.cache
+def _scale_on(scale: float, card: int) -> torch.Tensor:
+    return torch.tensor(scale, dtype=torch.float32).to(torch.device("spyre", card))

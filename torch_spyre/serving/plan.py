@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from . import buckets
-from .device import DEVICE
+from .device import card_device
 from .paged_attention import slot_runs
 
 
@@ -66,10 +66,11 @@ def plan_step(query_start_loc: list[int], seq_lens: list[int], block_table: torc
             mask[slot, :qlen] = torch.where(keys[None, :] <= context + torch.arange(qlen)[:, None], 0.0, float("-inf"))
             keep.extend(range(slot * nq, slot * nq + qlen))
             kept_tokens.extend(range(start, start + qlen))
-        groups.append(AttentionGroup(b, nq, nb, rows.reshape(-1).to(DEVICE), blocks.reshape(-1).to(DEVICE),
-                                     mask.to(DEVICE), torch.tensor(keep, dtype=torch.int64).to(DEVICE)))
+        dev = card_device()
+        groups.append(AttentionGroup(b, nq, nb, rows.reshape(-1).to(dev), blocks.reshape(-1).to(dev), mask.to(dev),
+                                     torch.tensor(keep, dtype=torch.int64).to(dev)))
     identity = kept_tokens == list(range(len(kept_tokens)))
-    order = None if identity else torch.argsort(torch.tensor(kept_tokens)).to(DEVICE)
+    order = None if identity else torch.argsort(torch.tensor(kept_tokens)).to(card_device())
     slots = slot_mapping[:num_tokens].tolist()
     if any(s < 0 for s in slots):
         raise RuntimeError(f"a scheduled token has no KV slot (slot_mapping {slots})")

@@ -21,6 +21,7 @@ from .plugin import ATTENTION_BACKEND
 
 logger = init_logger("vllm.torch_spyre")
 
+COMMUNICATOR = "torch_spyre.serving.communicator.SpyreCommunicator"
 DEFAULT_BLOCK_SIZE = 64  # tokens per KV block (IBM's plugin also uses multiples of 64)
 
 
@@ -67,6 +68,11 @@ class SpyrePlatform(CpuPlatform):
         return ATTENTION_BACKEND
 
     @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        """Tensor-parallel collectives between the ranks' cards (``communicator.py``)."""
+        return COMMUNICATOR
+
+    @classmethod
     def check_and_update_config(cls, vllm_config) -> None:
         super().check_and_update_config(vllm_config)
         from vllm.config import CompilationMode  # not at import: vllm.config imports the platform
@@ -81,6 +87,7 @@ class SpyrePlatform(CpuPlatform):
         if not cache_config.user_specified_block_size:
             cache_config.block_size = DEFAULT_BLOCK_SIZE
         parallel = vllm_config.parallel_config
+        check_parallel(parallel.tensor_parallel_size, parallel.pipeline_parallel_size, torch.spyre.device_count())
         if parallel.world_size == 1 and parallel.distributed_executor_backend == "mp":
             # vLLM's CPU platform moves even one worker to its own process (for OpenMP thread binding, which
             # the card does not need): keep it in the engine process, one process and one spawn fewer.
@@ -96,6 +103,16 @@ class SpyrePlatform(CpuPlatform):
         compilation.inductor_compile_config["benchmark_combo_kernel"] = False
         if model_config is not None:
             model_config.enforce_eager = True
+
+
+def check_parallel(tensor_parallel: int, pipeline_parallel: int, num_cards: int) -> None:
+    """Tensor parallelism puts each rank on its own simulated card; pipeline parallelism is not modeled."""
+    if pipeline_parallel != 1:
+        raise ValueError(f"--pipeline-parallel-size {pipeline_parallel}: spyre serves tensor parallel only "
+                         "(card-to-card send/recv is not modeled); use --pipeline-parallel-size 1")
+    if tensor_parallel > num_cards:
+        raise ValueError(f"--tensor-parallel-size {tensor_parallel} needs {tensor_parallel} cards, one per rank, but "
+                         f"the simulated system has {num_cards}: set TORCH_SPYRE_NUM_CARDS={tensor_parallel} (up to 8)")
 
 
 def _breaks_kernel_scan(module: object) -> bool:

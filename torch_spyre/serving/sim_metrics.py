@@ -21,6 +21,7 @@ TTFT = "spyre:time_to_first_token_sim_seconds"
 TPOT = "spyre:time_per_output_token_sim_seconds"
 BUSY = "spyre:card_busy_sim_seconds"  # a counter: exposed with the suffix _total
 STEPS = "spyre:card_step_sim_seconds"  # a counter: exposed with the suffix _total
+LINK = "spyre:card_link_sim_seconds"  # a counter: exposed with the suffix _total
 UTILIZATION = "spyre:card_utilization_sim_ratio"
 LABELS = ("model_name", "engine")
 
@@ -43,6 +44,8 @@ class SimMetrics:
                               buckets=LATENCY_BUCKETS, registry=registry)
         self.busy = Counter(BUSY, "Simulated seconds the card's cores were busy (kernels, device copies, host "
                             "fallback ops timed as card work) during engine steps.", LABELS, registry=registry)
+        self.link = Counter(LINK, "Simulated seconds of card-to-card collectives (tensor parallel, PCIe peer to "
+                            "peer) during engine steps; the cores wait for them.", LABELS, registry=registry)
         self.steps = Counter(STEPS, "Simulated card time spanned by engine steps (the card clock from each "
                              "step's start to its end).", LABELS, registry=registry)
         self.utilization = Gauge(UTILIZATION, "Simulated card utilization since the engine started: "
@@ -63,6 +66,7 @@ class EngineSeries:
         self.tpot = metrics.tpot.labels(**labels)
         self.busy = metrics.busy.labels(**labels)
         self.steps = metrics.steps.labels(**labels)
+        self.link = metrics.link.labels(**labels)
         self.utilization = metrics.utilization.labels(**labels)
         self._totals = metrics.totals.setdefault(tuple(labels[k] for k in LABELS), [0.0, 0.0])
 
@@ -73,6 +77,7 @@ class EngineSeries:
             self.tpot.observe(t)
         self.busy.inc(step.busy)
         self.steps.inc(step.elapsed)
+        self.link.inc(step.link)
         self._totals[0] += step.busy
         self._totals[1] += step.elapsed
         if self._totals[1] > 0:

@@ -15,6 +15,8 @@ then). Steps run back to back in card time: the host time between them is not ca
   previous token (k tokens sampled in one step share the gap equally).
 - busy: card time of work on the ``compute`` resource (kernels, device-to-device copies, host fallback ops
   timed as card work); PCIe transfers in and out are not busy time, the cores wait for them.
+- link: card time of card-to-card collectives (tensor parallel: ``device/collectives.py``); the cores wait
+  for them too.
 
 Needs no vLLM: :class:`StepAccounting` takes request ids and token counts.
 """
@@ -35,6 +37,7 @@ class CardMeter:
 
     _lock = threading.Lock()
     _busy: dict[int, float] = {}
+    _link: dict[int, float] = {}  # card-to-card collectives (tensor parallel), on the card's PCIe port
     _installed = False
 
     def __init__(self, card: int):
@@ -49,6 +52,9 @@ class CardMeter:
         if rec.resource == "compute":
             with CardMeter._lock:
                 CardMeter._busy[rec.card] = CardMeter._busy.get(rec.card, 0.0) + rec.duration
+        elif rec.kind == "collective":
+            with CardMeter._lock:
+                CardMeter._link[rec.card] = CardMeter._link.get(rec.card, 0.0) + rec.duration
 
     def now(self) -> float:
         """The card clock: when the last work queued on the card ends."""
@@ -59,6 +65,11 @@ class CardMeter:
         with CardMeter._lock:
             return CardMeter._busy.get(self.card, 0.0)
 
+    def link(self) -> float:
+        """Simulated seconds the card has spent in card-to-card collectives since this process started."""
+        with CardMeter._lock:
+            return CardMeter._link.get(self.card, 0.0)
+
 
 @dataclass
 class StepTimes:
@@ -67,6 +78,7 @@ class StepTimes:
     start: float
     end: float
     busy: float
+    link: float = 0.0  # card-to-card collective time within the step (tensor parallel), set by the runner
     ttft: list[float] = field(default_factory=list)  # one per request whose first token this step sampled
     tpot: list[float] = field(default_factory=list)  # one per later output token this step sampled
 

@@ -1,4 +1,5 @@
-"""vLLM worker for the card: builds the spyre model runner and sizes the KV cache against card memory."""
+"""vLLM worker for the card: picks its card (the local rank), builds the spyre model runner and sizes the KV cache
+against that card's memory."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from .kv_budget import kv_cache_budget
 
 class SpyreWorker(CPUWorker):
     def init_device(self) -> None:
+        from .device import use_card
+
+        use_card(self.local_rank)  # each tensor-parallel rank serves on its own card, spyre:<local rank>
         super().init_device()  # distributed environment, seed, a CPU runner we replace
         from .model_runner import SpyreModelRunner
 
@@ -22,4 +26,5 @@ class SpyreWorker(CPUWorker):
         return contextlib.nullcontext()  # no CUDA memory pool on the card
 
     def determine_available_memory(self) -> int:
-        return kv_cache_budget(self.cache_config.kv_cache_memory_bytes, self.cache_config.gpu_memory_utilization)
+        return kv_cache_budget(self.cache_config.kv_cache_memory_bytes, self.cache_config.gpu_memory_utilization,
+                               self.local_rank)

@@ -337,5 +337,7 @@ def generate(kspec: Any, places: dict[str, Any], config: CardConfig) -> Program:
                             "where": "on the fp32 accumulator tile in scratchpad, before the one rounding and store",
                             "optimization": p["epilogue"]["optimization"],
                             "unfused": "a pointwise kernel per chain, reading the matmul's output from device memory"}
+    if "unfused_mlp" in p:  # part of an MLP block whose fused kernel did not fit (lowerings._lower_fused_mlp)
+        decisions.notes.append(p["unfused_mlp"])
     program.metadata["decisions"] = decisions.to_dict()
     return program

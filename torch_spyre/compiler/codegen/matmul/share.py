@@ -76,9 +76,10 @@ def _tile_range(ins: DmaLoad) -> tuple[int, int] | None:
 
 
 def share_a(cores: dict[int, list[Instruction]], a_loads: dict[int, list[int]], work: Sequence[_CoreWork],
-            cfg: CardConfig) -> tuple[dict[int, list[Instruction]], list[str]]:
+            cfg: CardConfig, tag: int = A_TAG, credit_tag: int = CREDIT_TAG) -> tuple[dict[int, list[Instruction]], list[str]]:
     """The streams with each row's A loads replaced by one load and forwarding chains; and notes on rows
-    left as they were (their cores' A loads differ, or a tile is not one contiguous range)."""
+    left as they were (their cores' A loads differ, or a tile is not one contiguous range). A program that
+    shares two operands this way gives the second its own ``tag`` and ``credit_tag`` (codegen/mlp)."""
     out, notes = dict(cores), []
     for row in rows_sharing_a(work, cfg):
         if len(row) < 2:
@@ -96,12 +97,12 @@ def share_a(cores: dict[int, list[Instruction]], a_loads: dict[int, list[int]], 
             succs[u].append(v)
         slots = sorted({lo for lo, _ in ranges})
         for core in members:
-            out[core] = _rewrite(cores[core], a_loads[core], ranges, slots, prev.get(core), succs[core])
+            out[core] = _rewrite(cores[core], a_loads[core], ranges, slots, prev.get(core), succs[core], tag, credit_tag)
     return out, notes
 
 
 def _rewrite(ins: list[Instruction], a_loads: list[int], ranges: list[tuple[int, int]], slots: list[int],
-             prev: int | None, succs: list[int]) -> list[Instruction]:
+             prev: int | None, succs: list[int], tag: int = A_TAG, credit_tag: int = CREDIT_TAG) -> list[Instruction]:
     at = {idx: j for j, idx in enumerate(a_loads)}
     # Where each tile's buffer is next reused (by tile index), and after which instruction its last reader
     # runs: that is where the receiver frees the buffer with a credit.
@@ -128,11 +129,11 @@ def _rewrite(ins: list[Instruction], a_loads: list[int], ranges: list[tuple[int,
             new.append(x)
         else:
             lo, hi = ranges[j]
-            new.append(x if prev is None else RingRecv(prev, tag=A_TAG))
+            new.append(x if prev is None else RingRecv(prev, tag=tag))
             for nxt in succs:
                 if j in reused:
-                    new.append(Wait(nxt, tag=CREDIT_TAG + slots.index(lo)))
-                new.append(RingSend(nxt, lo, lo, hi - lo, tag=A_TAG))
+                    new.append(Wait(nxt, tag=credit_tag + slots.index(lo)))
+                new.append(RingSend(nxt, lo, lo, hi - lo, tag=tag))
         for freed in credit_after.get(i, ()):
-            new.append(Signal(prev, tag=CREDIT_TAG + slots.index(ranges[freed][0])))
+            new.append(Signal(prev, tag=credit_tag + slots.index(ranges[freed][0])))
     return new
