@@ -14,7 +14,7 @@ from torch_spyre.compiler import eager, eager_sweep, wrapper
 
 from .spyre_compile_helpers import TOL
 
-DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "supported-ops.md"
+DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "eager-ops.md"
 
 
 @pytest.fixture(autouse=True)
@@ -317,7 +317,7 @@ def test_training_steps_match_cpu(opt):
 
 
 # ---------------------------------------------------------------------------------------------
-# docs/supported-ops.md against the code
+# docs/eager-ops.md against the code
 # ---------------------------------------------------------------------------------------------
 DOC_SAMPLE = ("add", "softmax", "topk", "rand_like", "item")
 

@@ -52,6 +52,21 @@ def test_dtypes_the_card_cannot_hold(dtype):
         torch.ones(2, device="spyre").to(dtype)
 
 
+@pytest.mark.parametrize("mode", ["host", "compile"])
+def test_sparse_layouts_are_refused_and_leave_the_card_as_it_was(mode, monkeypatch, settled):
+    monkeypatch.setenv("TORCH_SPYRE_EAGER", mode)
+    a = torch.arange(12.0).reshape(3, 4).to("spyre")
+    base = settled()
+    for op, layout in ((lambda: a.to_sparse(), "sparse_coo"), (lambda: a.to_sparse(1), "sparse_coo"),
+                       (lambda: a.to_sparse_csr(), "sparse_csr"),
+                       (lambda: torch.ones(2, 2).to_sparse().to("spyre"), "sparse_coo")):
+        with pytest.raises(TypeError, match=rf"cannot hold {layout} tensors .*only dense, strided tensors.*"
+                                            r"x\.cpu\(\)\.to_sparse\(\)"):
+            op()
+    assert settled() == base
+    assert a.cpu().equal(torch.arange(12.0).reshape(3, 4))
+
+
 def test_float64_suggests_float32():
     with pytest.raises(TypeError, match=r"x\.to\(torch\.float32\)"):
         torch.ones(2, dtype=torch.float64).to("spyre")

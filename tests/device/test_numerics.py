@@ -178,18 +178,36 @@ def test_host_fallback_keeps_the_cpu_dtype_rules():
     assert v.dtype == torch.float16 and i.dtype == torch.int64
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_fp32_to_16_bit_on_the_card_rounds_once(dtype):
+def test_fp32_to_fp16_on_the_card_rounds_once():
     """``x.half()`` of a spyre fp32 tensor converts on the card: fp32 straight to DLFloat16 (one rounding,
     ties away from zero). Through IEEE fp16 first, a value rounded onto a DLFloat16 tie would round again
     (-1.12583983 -> fp16 -1.1259765625, a DLFloat16 tie -> -1.126953125; the card gives -1.125), and
     1e6 (beyond fp16, inside DLFloat16's range) would become inf."""
+    dtype = torch.float16
     x = torch.tensor([-1.1258398294448853, 2.0 + 3 * 2**-11, 1e6, -3.0e-5] * 16)
     on_card = x.to("spyre").to(dtype)
     assert on_card.dtype == dtype
     held = on_card.float().cpu()  # DLFloat16 -> fp32 is exact
     torch.testing.assert_close(held, torch.from_numpy(dlfloat16.round_float32(x.numpy())), rtol=0, atol=0)
     assert held[0].item() == -1.125
+
+
+@pytest.mark.parametrize("mode", ["host", "compile"])
+def test_a_conversion_to_bf16_on_the_card_gives_the_cpus_bf16(mode, monkeypatch):
+    """``x.bfloat16()`` of a spyre fp32 (or fp16) tensor rounds as torch does, to nearest even at 8 bits, and
+    DLFloat16 holds the bf16 value exactly. fp32 straight to DLFloat16 rounds twice (9 bits ties away, then
+    bf16 when read): 6.92009163 would become 6.9375 instead of the CPU's 6.90625, about 1 value in 8."""
+    monkeypatch.setenv("TORCH_SPYRE_EAGER", mode)
+    x = torch.randn(20000, generator=torch.Generator().manual_seed(0)) * 10
+    x[0] = 6.92009162902832
+    got = x.to("spyre").bfloat16()
+    assert got.dtype == torch.bfloat16 and got.device.type == "spyre"
+    assert torch.equal(got.cpu(), x.bfloat16())
+    assert got.cpu()[0].item() == 6.90625
+    assert int((torch.from_numpy(dlfloat16.round_float32(x.numpy())).bfloat16() != x.bfloat16()).sum()) > 1000
+    h = x.half()  # fp16 -> bf16: the fp16 value the card holds (DLFloat16), rounded to bf16 as on the CPU
+    held = h.to("spyre")
+    assert torch.equal(held.bfloat16().cpu(), held.cpu().bfloat16())
 
 
 def test_host_fallback_honours_an_op_told_its_dtype():

@@ -75,6 +75,11 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
         # beyond fp16's range or below its normals stay), and fp32 becomes DLFloat16 in one rounding.
         wide = src.dtype in (torch.float16, torch.bfloat16)
         values, read_moved = tensor.read(src, as_dtype=torch.float32 if wide else None)
+        if dst.dtype == torch.bfloat16 and src.dtype != torch.bfloat16:
+            # A conversion to bf16 rounds as torch's does (to nearest even, 8 bits). DLFloat16 holds every bf16
+            # value in its range, so the result is stored exactly; fp32 straight to DLFloat16 would round twice
+            # (to 9 bits, ties away, then to bf16 when read), one bf16 step off for about 1 value in 8.
+            values = values.to(torch.bfloat16)
         written = tensor.write(dst, values, computed_in_fp32=values.dtype == torch.float32)
     s_card, d_card = _card(src), _card(dst)
     if s_card == d_card:

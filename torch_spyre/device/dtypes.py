@@ -59,6 +59,17 @@ def device_dtype(dtype: torch.dtype) -> str:
         ) from None
 
 
+def check_layout(layout: torch.layout, what: str) -> None:
+    """A clear TypeError for layouts the card cannot hold (sparse, mkldnn): only dense, strided tensors.
+    ``what`` names where the tensor came from (``the result of aten::_to_sparse``)."""
+    if layout != torch.strided:
+        name = str(layout).replace("torch.", "")
+        raise UnsupportedDtypeError(
+            f"the Spyre card cannot hold {name} tensors ({what}): only dense, strided tensors live on the card; "
+            f"keep the dense tensor on spyre, or make the sparse one on the host: x.cpu().to_sparse()"
+        )
+
+
 def _env_default() -> bool:
     value = os.environ.get(DLFLOAT16_ENV, "1").strip().lower()
     if value in ("1", "true", "yes", "on", ""):

@@ -418,6 +418,10 @@ def _run_on_host(op, info: OpInfo, args: tuple, kwargs: dict, card: int, probe: 
         return x
 
     returns = host_out if isinstance(host_out, tuple) else (host_out,)
+    # Refused before anything is stored, so the card stays as it was. (Not in a compiler's probe: it runs
+    # under fake tensors, which log a TypeError as an internal error; the probe's failure declines the program.)
+    for r in tensors_in(list(returns)) if not probe else ():
+        dtypes.check_layout(r.layout, f"the result of aten::{info.name}")
     metas = wide if isinstance(wide, tuple) else (wide,)
     metas = metas if len(metas) == len(returns) else (None,) * len(returns)
     aliases = info.returns + ((None, False),) * (len(returns) - len(info.returns))

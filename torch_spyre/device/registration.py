@@ -65,6 +65,14 @@ def _via_fallback(name: str):
     return kernel
 
 
+def _refuse_sparse(*args, **kwargs):
+    """``sparse_coo_cpu.to('spyre')`` builds a sparse tensor on the card: refused as the results of ops
+    are (fallback.py), with the card's clear error instead of a missing-kernel one."""
+    from . import dtypes
+
+    dtypes.check_layout(torch.sparse_coo, "a copy of a sparse tensor")
+
+
 # Ops whose CPU kernels only edit sizes/strides/offset of a tensor sharing the storage.
 METADATA_OPS = ("view", "as_strided", "_reshape_alias", "alias", "unfold")
 
@@ -98,14 +106,17 @@ def register() -> None:
             aten.impl(name, _cpu_metadata(name), "PrivateUse1")
         for name in FALLBACK_OPS:
             aten.impl(name, _via_fallback(name), "PrivateUse1")
+        aten.impl("_sparse_coo_tensor_with_dims_and_tensors", _refuse_sparse, "SparsePrivateUse1")
         aten.impl("_pin_memory", _forward("_pin_memory"), "CPU")  # pinning for spyre (see kernels.py)
         catch_all = torch.library.Library("_", "IMPL")
         catch_all.fallback(_fallback, "PrivateUse1")
         _libraries.extend([aten, catch_all])
 
-        from . import sdpa, serialization, torch_patches
+        from . import norm_stats, rnn_cells, sdpa, serialization, torch_patches
 
         sdpa.register()  # traced SDPA on spyre -> spyre::flash_attention (see sdpa.py)
+        rnn_cells.register()  # GRU/LSTM cells: torch's fused-cell ops as pointwise ops (see rnn_cells.py)
+        norm_stats.register()  # batch/layer norm statistics in the CPU's dtype and shape (see norm_stats.py)
         serialization.register()
         torch_patches.patch()
         _registered = True

@@ -1,6 +1,8 @@
 """The ``spyre-tests`` command: upstream PyTorch tests on spyre through YAML suites (docs/test-suites.md).
 
-    spyre-tests run [CONFIG...] [--tier smoke|full] [--junit FILE] [--pytorch-src DIR] [--jobs N] [--only FILE]
+    spyre-tests run [CONFIG...] [--tier smoke|full] [--junit FILE] [--results FILE] [--pytorch-src DIR] [--jobs N]
+                    [--only FILE]
+    spyre-tests ops-doc [RESULTS] [-o FILE]  docs/supported-ops.md from the records --results wrote
     spyre-tests inventory [-o FILE]          what the installed torch's tests and ops are (JSON)
     spyre-tests select --old OLD --new NEW   the tests to rerun after moving from one torch to another
     spyre-tests schema                       the JSON schema of suite files
@@ -36,6 +38,17 @@ def _run(args: argparse.Namespace) -> int:
         only = {line.strip() for line in Path(args.only).read_text().splitlines() if line.strip()}
     options = RunOptions(tier=args.tier, pytorch_src=args.pytorch_src, jobs=args.jobs, chunk_size=args.chunk_size,
                          max_retries=args.max_retries, test_timeout=args.test_timeout, only=only)
+    if args.results:  # a file this run cannot add to is refused before the run, not after it
+        import torch
+
+        from .results import ResultsError, check_writable
+        from .results import write as write_results
+
+        try:
+            check_writable(Path(args.results), torch.__version__)
+        except ResultsError as e:
+            print(f"spyre-tests: {e}", file=sys.stderr)
+            return 2
     console = Console(stderr=True)
     bar = Progress(TextColumn("[bold]spyre-tests"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("{task.fields[last]}"), console=console, transient=False)
@@ -53,6 +66,8 @@ def _run(args: argparse.Namespace) -> int:
     print_summary(result, Console(width=160) if not sys.stdout.isatty() else Console())
     if args.junit:
         write_junit(result, Path(args.junit))
+    if args.results:
+        write_results(Path(args.results), result.outcomes, ["spyre-tests", *args.argv], torch.__version__)
     return result.exit_code
 
 
@@ -87,6 +102,21 @@ def _select(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ops_doc(args: argparse.Namespace) -> int:
+    from .results import ResultsError, load, render
+
+    try:
+        text = render(load(Path(args.results)))
+    except (ResultsError, OSError) as e:
+        print(f"spyre-tests: {e}", file=sys.stderr)
+        return 2
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
 def _schema(args: argparse.Namespace) -> int:
     from .suite import json_schema
 
@@ -108,7 +138,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--max-retries", type=int, default=25, help="failing tests retried alone, at most")
     run.add_argument("--test-timeout", type=int, default=300, help="seconds one test may take")
     run.add_argument("--only", help="a file of test ids (one a line, e.g. from select): run only those")
+    run.add_argument("--results", help="add this run's result records to this JSON file (spyre-tests ops-doc reads it)")
     run.set_defaults(fn=_run)
+    doc = sub.add_parser("ops-doc", help="render docs/supported-ops.md from result records")
+    doc.add_argument("results", nargs="?", default=str(_shipped_results()),
+                     help="a results file written by run --results (default: the shipped full-tier records)")
+    doc.add_argument("-o", "--output", help="file to write (default: standard output)")
+    doc.set_defaults(fn=_ops_doc)
     inv = sub.add_parser("inventory", help="write the installed torch's test inventory (JSON)")
     inv.add_argument("-o", "--output", help="file to write (default: standard output)")
     inv.set_defaults(fn=_inventory)
@@ -120,7 +156,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     sch = sub.add_parser("schema", help="print the JSON schema of suite files")
     sch.set_defaults(fn=_schema)
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command, as result records name their run
     return args.fn(args)
+
+
+def _shipped_results() -> Path:
+    from .results import SHIPPED_RESULTS
+
+    return SHIPPED_RESULTS
 
 
 if __name__ == "__main__":

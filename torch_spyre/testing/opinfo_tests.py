@@ -31,7 +31,7 @@ import torch
 
 from .._torch import testing as seam
 from .opinfo_templates import DEVICE_DTYPES, REFUSED_DTYPES, TEMPLATE_CLASS, template_ops
-from .card_inputs import DEFAULT_TOLERANCES, REFUSED, as_stored, noncontiguous_on, refused, to_device
+from .card_inputs import DEFAULT_TOLERANCES, REFUSED, as_card_result, as_stored, noncontiguous_on, refused, to_device
 
 SAMPLES = 3
 def _samples(op, dtype, requires_grad=False):
@@ -51,7 +51,9 @@ class TestSpyreOps(seam.device_test_case()):
 
     def _assert_close(self, actual, expected, dtype, msg=""):
         atol, rtol = self._tolerance(dtype)
-        self.assertEqual(to_device(actual, "cpu"), expected, atol=atol, rtol=rtol, exact_device=False, msg=msg or None)
+        actual = to_device(actual, "cpu")
+        self.assertEqual(actual, as_card_result(expected, actual), atol=atol, rtol=rtol, exact_device=False,
+                         msg=msg or None)
 
     def _reference(self, device, fn, sample, dtype):
         """The CPU result on the inputs as the card stores them, or None when the CPU refuses the sample."""
