@@ -1,4 +1,7 @@
-"""The card as vLLM's serving code sees it: the device, the compiled attention kernel, its scale tensors."""
+"""The card as vLLM's serving code sees it: the device, the compiled attention kernel, its scale tensor.
+
+The compiled kernel is process-wide and holds no device memory (its programs are host objects); device
+tensors belong to the LLM that made them."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ def compiled_attention():
     return torch.compile(paged_attention, dynamic=True)
 
 
-@functools.cache
 def softmax_scale(scale: float) -> torch.Tensor:
-    """The softmax scale as a float32 0-d spyre tensor, made once per value."""
+    """The softmax scale as a float32 0-d spyre tensor. Callers keep it with the layer that owns it (not in
+    a process-wide cache): card memory an LLM made must go when the LLM goes."""
     return torch.tensor(scale, dtype=torch.float32).to(DEVICE)
