@@ -293,3 +293,61 @@ def test_server_main_gives_the_server_one_metrics_directory(tmp_path, monkeypatc
     assert list(tmp_path.iterdir()) == []
     env = {METRICS_DIR_ENV: "/theirs"}
     assert shared_metrics_dir(env) is None and env == {METRICS_DIR_ENV: "/theirs"}
+
+
+def _record_of_caught_error(make_record, name: str):
+    """A record logged with ``exc_info`` from inside a caller whose frame holds ``owner`` (a stand-in for
+    vLLM's ``LLM.__init__`` logging its renderer warm-up failure)."""
+    import logging
+    import weakref
+
+    class Owner:
+        pass
+
+    def caller():
+        owner = Owner()  # noqa: F841 - a local of the frame the traceback reaches through f_back
+        try:
+            raise ValueError("no tokenizer")
+        except ValueError:
+            import sys as _sys
+
+            record = make_record(name, logging.WARNING, __file__, 1, "warm-up failed", (), _sys.exc_info())
+        return record, weakref.ref(owner)
+
+    return caller()
+
+
+def test_vllm_log_records_keep_the_traceback_as_text_and_no_frames():
+    import gc
+    import logging
+
+    from torch_spyre.serving import log_records
+
+    make_record = log_records._detached(logging.LogRecord)
+    record, owner = _record_of_caught_error(make_record, "vllm.renderers.base")
+    gc.collect()
+    assert owner() is None, "the record kept the logging caller's frame (and its locals) alive"
+    assert record.exc_info is None and "ValueError: no tokenizer" in record.exc_text
+    text = logging.Formatter().format(record)
+    assert text.startswith("warm-up failed\nTraceback (most recent call last):") and text.endswith("ValueError: no tokenizer")
+
+    # Other libraries' records are untouched (their exc_info, and so the caller, stay as logging keeps them).
+    record, owner = _record_of_caught_error(make_record, "vllmish.other")
+    gc.collect()
+    assert record.exc_info is not None and owner() is not None
+
+
+def test_log_record_factory_is_installed_once():
+    import logging
+
+    from torch_spyre.serving import log_records
+
+    before = logging.getLogRecordFactory()
+    try:
+        logging.setLogRecordFactory(logging.LogRecord)  # as if not installed yet (an earlier LLM installed it)
+        log_records.install()
+        installed = logging.getLogRecordFactory()
+        log_records.install()
+        assert logging.getLogRecordFactory() is installed and installed is not logging.LogRecord
+    finally:
+        logging.setLogRecordFactory(before)

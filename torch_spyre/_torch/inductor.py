@@ -79,6 +79,7 @@ PRIVATE_SYMBOLS = [
     "torch._inductor.codecache:write",
     "torch._inductor.custom_graph_pass:CustomGraphModulePass",
     "torch._inductor.fx_passes.joint_graph:constant_fold_uniform_value",
+    "torch._inductor.fx_passes.joint_graph:lazy_init",
     "torch._inductor.compile_fx:compile_fx",
     "torch._inductor.config:fx_graph_cache",
     "torch._inductor.graph:GraphLowering.call_function",
@@ -194,6 +195,27 @@ def register_lowering(op: Any, fn: Callable[..., Any]) -> None:
     """Patch: ``fn`` lowers ``op`` in Inductor's global lowerings table (for every device: ``fn`` must
     hand other devices' tensors to the lowering it replaces, :func:`lowering_for`)."""
     _lowering().lowerings[op] = fn
+
+
+def trace_patterns_on_host(device_type: str) -> None:
+    """Patch: Inductor's joint-graph ``lazy_init(input_device)`` traces its replacement patterns (SDPA,
+    pad_mm, misc) once per process and device, with example tensors on the graph's device; for
+    ``device_type`` it traces them on the CPU instead (the patterns are ATen graphs, the same for any
+    device)."""
+    joint_graph = _module("torch._inductor.fx_passes.joint_graph")
+    original = joint_graph.lazy_init
+    if getattr(original, "_spyre_guard", False):
+        return
+
+    def lazy_init(input_device=None, *args, **kwargs):
+        import torch
+
+        if input_device is not None and torch.device(input_device).type == device_type:
+            input_device = torch.device("cpu")
+        return original(input_device, *args, **kwargs)
+
+    lazy_init._spyre_guard = True
+    joint_graph.lazy_init = lazy_init
 
 
 def keep_device_constants_unfolded(on_device: Callable[[Any], bool]) -> None:

@@ -99,6 +99,14 @@ def _no_device_constant_folding() -> None:
     torch_inductor.keep_device_constants_unfolded(_graph_on_spyre)
 
 
+def _patterns_traced_on_host() -> None:
+    """Inductor traces its replacement patterns once per process, with real example tensors on the graph's
+    device, at the first compile that misses its FX graph cache on disk. On spyre that was card work (26
+    device copies, 0.52 ms) charged to whatever request compiled first, so the simulated time of a request
+    depended on the host's cache. Traced on the CPU, no card work is done for it."""
+    torch_inductor.trace_patterns_on_host(DEVICE)
+
+
 def _no_combo_kernels() -> None:
     """Inductor's combo kernels (``torch._inductor.config.combo_kernels``, on for every non-CPU platform
     under vLLM) bundle independent kernels into one Triton launch; only Triton schedulings can generate
@@ -134,6 +142,7 @@ def register() -> None:
         _dynamo_skips_device_kernels()
         register_lowerings()
         _no_device_constant_folding()
+        _patterns_traced_on_host()
         _no_combo_kernels()
         register_builtin_generators()
         from .fallback import lowering_refusal

@@ -87,6 +87,8 @@ class SpyrePagedAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_sharing_target_layer_name = None
         self.attn_type = attn_type
+        # Uploaded with the model (not by the first request, whose TTFT it would lengthen); freed with the layer.
+        self._scale_on_card = softmax_scale(self.scale)
 
     def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
@@ -108,7 +110,7 @@ class SpyrePagedAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
             return output
         n = attn_metadata.num_actual_tokens
         q = query[:n].reshape(n, self.num_heads, self.head_size)
-        attend, scale = compiled_attention(), softmax_scale(self.scale)
+        attend, scale = compiled_attention(), self._scale_on_card
         pieces = []
         for g in attn_metadata.groups:
             qg = q.index_select(0, g.query_rows).reshape(g.batch, g.queries, self.num_heads, self.head_size)

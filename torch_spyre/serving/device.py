@@ -1,4 +1,7 @@
-"""The card as vLLM's serving code sees it: the device, the compiled attention kernel, its scale tensors."""
+"""The card as vLLM's serving code sees it: the device, the compiled attention kernel, its scale tensor.
+
+The compiled kernel is process-wide and holds no device memory (its programs are host objects); device
+tensors belong to the LLM that made them."""
 
 from __future__ import annotations
 
@@ -30,10 +33,6 @@ def compiled_attention():
 
 
 def softmax_scale(scale: float) -> torch.Tensor:
-    """The softmax scale as a float32 0-d spyre tensor, made once per value and card."""
-    return _scale_on(scale, _card)
-
-
-@functools.cache
-def _scale_on(scale: float, card: int) -> torch.Tensor:
-    return torch.tensor(scale, dtype=torch.float32).to(torch.device("spyre", card))
+    """The softmax scale as a float32 0-d tensor on this process's card. Callers keep it with the layer that
+    owns it (not in a process-wide cache): card memory an LLM made must go when the LLM goes."""
+    return torch.tensor(scale, dtype=torch.float32).to(card_device())

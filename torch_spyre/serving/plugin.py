@@ -30,8 +30,12 @@ def general_plugin() -> None:
     """``vllm.general_plugins`` (every vLLM process). Loading this module already registered the device
     and the compiler (the torch_spyre package does on import), whether or not torch's autoload ran; this
     names the paged-attention backend as vLLM's CUSTOM backend, so ``--attention-backend CUSTOM`` and the
-    platform's choice resolve to the same class in every process."""
+    platform's choice resolve to the same class in every process; and keeps vLLM's logged tracebacks as
+    text, so a handler that keeps records does not keep an in-process ``LLM`` on the card (``log_records``)."""
     if requested():
         from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
+        from . import log_records
+
         register_backend(AttentionBackendEnum.CUSTOM, ATTENTION_BACKEND)
+        log_records.install()
