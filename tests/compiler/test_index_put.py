@@ -73,3 +73,19 @@ def test_accumulate_keeps_the_fallback():
     got = torch.compile(add)(x.to("spyre"), idx.to("spyre"), v.to("spyre")).cpu()
     torch.testing.assert_close(got, add(x, idx, v))
     assert torch_spyre.fallback_stats().compile_fallbacks
+
+
+def test_an_index_out_of_range_raises_and_leaves_the_target_alone():
+    """The inverse's compare alone would match no row for index 30 of 8 and drop that write silently; the
+    CPU raises IndexError. The index is read through a gather, which checks it at launch."""
+    fresh()
+    cache = torch.zeros(8, 64)
+    with pytest.raises(IndexError):
+        cache.clone().index_copy_(0, torch.tensor([1, 30]), torch.ones(2, 64))
+    dev = cache.to("spyre")
+    step = torch.compile(lambda c, pos, v: c.index_copy_(0, pos, v))
+    with pytest.raises(torch_spyre.SpyreError, match="gather index 30 .* outside \\[0, 8\\)"):
+        step(dev, torch.tensor([1, 30]).to("spyre"), torch.ones(2, 64).to("spyre"))
+    assert torch.equal(dev.cpu(), cache)  # nothing was written
+    step(dev, torch.tensor([0, 2]).to("spyre"), torch.ones(2, 64).to("spyre"))  # the device goes on working
+    assert dev.cpu()[:4, 0].tolist() == [1.0, 0.0, 1.0, 0.0]

@@ -12,7 +12,8 @@ and ``index_put_`` copies ``new`` into ``x``. Every op is one the card compiles 
 gather generator). The cost is a rewrite of all of ``x`` rather than of the ``S`` rows written: a decode
 step of a static cache rewrites the whole cache of each layer (a true in-place scatter needs a DMA write
 to data-dependent addresses, which the card model does not have). Of duplicate indices the last wins,
-as torch's serial CPU kernel does. Negative indices count from the end. Other forms (several index
+as torch's serial CPU kernel does. Negative indices count from the end; an index out of range raises at
+launch (the indices are read through a gather, which checks them). Empty indices, other forms (several index
 tensors, bool masks, ``accumulate=True``) keep Inductor's lowering and with it the fallback kernel
 (``fallback.py``).
 """
@@ -35,6 +36,13 @@ def _single_row_index(indices) -> tuple[int, object] | None:
     return d, idx
 
 
+def _static_zero(n) -> bool:
+    try:
+        return int(n) == 0
+    except (TypeError, ValueError):  # symbolic
+        return False
+
+
 def rows_put(x, dim: int, idx, values):
     """``x`` with rows ``idx`` along ``dim`` replaced by ``values`` (broadcast to x's shape with ``len(idx)``
     rows at ``dim``), as IR the card compiles; ``x`` is not changed."""
@@ -49,6 +57,9 @@ def rows_put(x, dim: int, idx, values):
     idx = _from_the_end(idx, rows)
     iota = low(prims.iota.default)
     row = iota(rows, start=0, step=1, dtype=torch.int64, device=device, requires_grad=False)
+    # row[idx] is idx itself, read through a gather: the gather checks its indices at every launch, so an
+    # index out of range raises IndexError as on the CPU instead of matching no row and dropping the write.
+    idx = _lower_index_select(row, 0, idx)
     pos = iota(n, start=0, step=1, dtype=torch.int64, device=device, requires_grad=False)
     hits = low(aten.eq.Tensor)(view(row, [rows, 1]), view(idx, [1, n]))  # [L, S]
     inv = low(aten.amax.default)(where(hits, view(pos, [1, n]), -1), [1])  # [L]: the last index writing row l
@@ -71,7 +82,7 @@ def lower_index_put(original, in_place: bool):
 
     def lower(x, indices, values, accumulate=False):
         found = None if accumulate else _single_row_index(indices)
-        if found is None or not len(x.get_size()):
+        if found is None or not len(x.get_size()) or _static_zero(found[1].get_numel()):
             return original(x, indices, values, accumulate)
         new = rows_put(x, found[0], found[1], values)
         if in_place:
