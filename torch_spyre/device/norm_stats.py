@@ -28,6 +28,18 @@ OPS = {
 }
 
 
+_PARAMS = ("weight", "bias", "running_mean", "running_var")
+
+
+def _statistics_dtype(x: torch.Tensor, params: list) -> torch.dtype:
+    """The CPU kernels' ``param_scalar_type``: fp32 for a 16-bit input whose parameters (weight, bias,
+    running statistics: those given) are all fp32 -- mixed precision, e.g. autocast -- else the input's."""
+    given = [p for p in params if isinstance(p, torch.Tensor)]
+    mixed = x.dtype in (torch.float16, torch.bfloat16) and bool(given) and all(p.dtype == torch.float32
+                                                                                for p in given)
+    return torch.float32 if mixed else x.dtype
+
+
 def _kernel(op: OpOverload, has_training: bool):
     info = op_info(op)
 
@@ -35,10 +47,12 @@ def _kernel(op: OpOverload, has_training: bool):
         from . import fallback
 
         out, mean, rstd = fallback.run(op, *args, **kwargs)
-        x = args[0] if args else kwargs["input"]
-        if has_training and not bound_args(info, args, kwargs)[info.arg_names.index("training")]:
-            return out, x.new_empty((0,)), x.new_empty((0,))
-        return out, mean.to(x.dtype), rstd.to(x.dtype)
+        bound = dict(zip(info.arg_names, bound_args(info, args, kwargs)))
+        x = bound["input"]
+        dtype = _statistics_dtype(x, [bound.get(n) for n in _PARAMS])
+        if has_training and not bound["training"]:
+            return out, x.new_empty((0,), dtype=dtype), x.new_empty((0,), dtype=dtype)
+        return out, mean.to(dtype), rstd.to(dtype)
 
     kernel.__name__ = f"spyre_{info.name.replace('.', '_')}"
     return kernel
