@@ -391,6 +391,13 @@ def _run_on_host(op, info: OpInfo, args: tuple, kwargs: dict, card: int, probe: 
         host_kwargs = {}
     host_out = host_op(*host_args, **host_kwargs)
 
+    returns = host_out if isinstance(host_out, tuple) else (host_out,)
+    # Refused before anything is stored (written arguments and results alike), so the card stays as it was.
+    # (Not in a compiler's probe: it runs under fake tensors, which log a TypeError as an internal error; the
+    # probe's failure declines the program.)
+    for r in tensors_in(list(returns)) if not probe else ():
+        dtypes.check_layout(r.layout, f"the result of aten::{info.name}")
+
     # Write mutated arguments back through their views.
     if any(info.is_write):
         host_bound = bound_args(info, host_args, host_kwargs)  # (no _HOST_EQUIVALENT op writes its arguments)
@@ -417,11 +424,6 @@ def _run_on_host(op, info: OpInfo, args: tuple, kwargs: dict, card: int, probe: 
             return type(x)(upload_all(y, m) for y, m in zip(x, metas))
         return x
 
-    returns = host_out if isinstance(host_out, tuple) else (host_out,)
-    # Refused before anything is stored, so the card stays as it was. (Not in a compiler's probe: it runs
-    # under fake tensors, which log a TypeError as an internal error; the probe's failure declines the program.)
-    for r in tensors_in(list(returns)) if not probe else ():
-        dtypes.check_layout(r.layout, f"the result of aten::{info.name}")
     metas = wide if isinstance(wide, tuple) else (wide,)
     metas = metas if len(metas) == len(returns) else (None,) * len(returns)
     aliases = info.returns + ((None, False),) * (len(returns) - len(info.returns))
