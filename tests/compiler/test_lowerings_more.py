@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from torch_spyre.card import dlfloat16
+from torch_spyre.card.execute.state import ExecutionError
 
-from .spyre_compile_helpers import TOL, check, fresh, run_compiled
+from .spyre_compile_helpers import TOL, check, fresh, run_compiled, specs_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/ is not a package
 
@@ -376,6 +377,25 @@ def test_index_counts_negative_indices_from_the_end(dtype):
     [0, 6)"); index_select and embedding do not, and still stop on them."""
     check(lambda x, i: x[i] * 2, rnd(6, 64, dtype=dtype), torch.tensor([-2, 0, 5, -6]))
     check(lambda x, i: x[:, i], rnd(3, 6, 64, dtype=dtype), torch.tensor([[-1, 2], [0, -3]]))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_index_select_of_a_kv_cache_half_is_one_gather(dynamic):
+    """The serving paged attention's ``kv_cache[1].index_select(0, blocks)``: one row gather reading the cache
+    where it lies. Inductor decomposes index_select into ``x[idx]``, which wraps negative indices; index_select
+    takes none, so it gets no wrap kernel. With symbolic sizes (a served model's KV cache) the source used to
+    be copied whole every call (sizes checked with int()), 4 MB a layer a decode step for the tiny Llama."""
+    kv, blocks = rnd(2, 8, 4, 2, 16), torch.tensor([3, 0, 7])
+    fn = lambda kv, i: kv[1].index_select(0, i) * 2  # noqa: E731
+    names = [s.name for s in specs_of(fn, kv, blocks, dynamic=dynamic)]
+    assert len(names) == 2 and "index_select" in names[0] and "mul" in names[1], names
+    torch.testing.assert_close(run_compiled(fn, kv, blocks, dynamic=dynamic), fn(kv, blocks))
+
+
+def test_compiled_index_select_stops_on_a_negative_index():
+    """torch's index_select refuses negative indices; compiled on the card it stops with the gather's error."""
+    with pytest.raises(ExecutionError, match=r"gather index -1 at position 0 is outside \[0, 8\)"):
+        run_compiled(lambda x, i: x.index_select(0, i) * 2, rnd(8, 64), torch.tensor([-1, 2]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])

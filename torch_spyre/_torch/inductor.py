@@ -265,6 +265,15 @@ def current_graph() -> Any:
     return _V().graph
 
 
+def lowering_origin() -> str | None:
+    """The name of the aten op the FX node being lowered was before Inductor's decompositions (its
+    ``original_aten``: ``"aten.index_select.default"`` for the ``aten.index`` Inductor decomposes it into),
+    or None. A name, not the op: the recorded OpOverload is not always the object ``torch.ops`` gives."""
+    node = getattr(_V().graph, "current_node", None)
+    op = None if node is None else node.meta.get("original_aten")
+    return None if op is None else str(op)
+
+
 def recording_ops(handler: Any) -> Any:
     """Context manager: the loop body's ``ops.*`` calls go to ``handler`` (``V.set_ops_handler``)."""
     return _V().set_ops_handler(handler)

@@ -302,7 +302,10 @@ def _lower_index(original):
         live = [(d, t) for d, t in enumerate(indices) if t is not None]
         if len(live) == 1 and not _is_bool(live[0][1]):
             d, idx = live[0]
-            idx = _from_the_end(idx, x.get_size()[d])
+            if torch_inductor.lowering_origin() != "aten.index_select.default":
+                # Inductor decomposes index_select into x[idx]; index_select takes no negative indices (torch
+                # raises), so its gathers skip the wrap kernel (20 us of fixed cost per gather).
+                idx = _from_the_end(idx, x.get_size()[d])
             if len(idx.get_size()) == 1:
                 return _lower_index_select(x, d, idx)
             if d == 0 and len(x.get_size()) == 2:
@@ -399,17 +402,22 @@ def _gather_operand(x, starts_rows: bool = False):
     sticks), so a view starting inside its buffer's last dim is copied too."""
 
     x = torch_inductor.realize_input(x)
+    # Checked as Inductor's size variables prove them for every value of the symbols, not with int(): a
+    # serving graph's KV cache has symbolic sizes, and int() failing on them copied the whole cache (4 MB a
+    # layer) every decode step. What cannot be proved gets the copy (correct, only slower).
+    sv = torch_inductor.current_graph().sizevars
     try:
         size, stride = x.get_size(), x.get_stride()
         if torch_inductor.is_reinterpret_view(x) and not _walks_buffer_dims(x):
             return _own_contiguous_copy(x)
-        if int(size[-1]) > 1 and int(stride[-1]) != 1:
+        if size and not (sv.statically_known_leq(size[-1], 1) or sv.statically_known_equals(stride[-1], 1)):
             return _own_contiguous_copy(x)
         if starts_rows and torch_inductor.is_reinterpret_view(x):
-            inner = int(x.data.get_layout().size[-1])
-            if int(x.get_layout().offset) % max(inner, 1):
+            inner = x.data.get_layout().size[-1]
+            offset = x.get_layout().offset
+            if not (sv.statically_known_equals(offset, 0) or sv.statically_known_multiple_of(offset, inner)):
                 return _own_contiguous_copy(x)
-    except (TypeError, AttributeError, NotImplementedError):  # symbolic sizes: a copy is always readable
+    except (TypeError, AttributeError, NotImplementedError):  # unusual layouts: a copy is always readable
         return _own_contiguous_copy(x)
     return x
 
