@@ -36,13 +36,6 @@ def _single_row_index(indices) -> tuple[int, object] | None:
     return d, idx
 
 
-def _static_zero(n) -> bool:
-    try:
-        return int(n) == 0
-    except (TypeError, ValueError):  # symbolic
-        return False
-
-
 def rows_put(x, dim: int, idx, values):
     """``x`` with rows ``idx`` along ``dim`` replaced by ``values`` (broadcast to x's shape with ``len(idx)``
     rows at ``dim``), as IR the card compiles; ``x`` is not changed."""
@@ -80,9 +73,11 @@ def lower_index_put(original, in_place: bool):
     """The lowering of ``index_put_`` (``in_place``) or ``index_put`` on spyre: the single-row-index form
     through :func:`rows_put`, every other form through ``original`` (Inductor's)."""
 
+    from .lowerings import _static_equals
+
     def lower(x, indices, values, accumulate=False):
         found = None if accumulate else _single_row_index(indices)
-        if found is None or not len(x.get_size()) or _static_zero(found[1].get_numel()):
+        if found is None or not len(x.get_size()) or _static_equals(found[1].get_numel(), 0):
             return original(x, indices, values, accumulate)
         new = rows_put(x, found[0], found[1], values)
         if in_place:

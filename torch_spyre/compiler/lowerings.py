@@ -84,7 +84,7 @@ def _lower_matmul(kind: str):
 
     def lower(*args, **kwargs):
         n_in = MATMUL_KINDS[kind]
-        if kind in ("mm", "bmm") and _static_one(args[1].get_size()[-1]):
+        if kind in ("mm", "bmm") and _static_equals(args[1].get_size()[-1], 1):
             return _matrix_vector(args[0], args[1])
         out_dtype = args[n_in - 1].get_dtype()
         beta = kwargs.get("beta", args[n_in] if len(args) > n_in else 1)
@@ -239,9 +239,10 @@ def _activation_ir(name: str, x):
     return mul(mul(x, 0.5), add(inner, 1.0))
 
 
-def _static_one(n) -> bool:
+def _static_equals(n, value: int) -> bool:
+    """True when the size ``n`` is the static number ``value`` (False for a symbolic size)."""
     try:
-        return int(n) == 1
+        return int(n) == value
     except (TypeError, ValueError):
         return False
 
