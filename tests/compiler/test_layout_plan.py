@@ -87,18 +87,25 @@ def test_plan_round_trips_through_json():
 
 # --- compiled graphs -------------------------------------------------------------------------------
 @torch.no_grad()
-def test_linear_weight_is_relayouted_once_and_matches_cpu():
+@pytest.mark.parametrize("onchip", [True, False])
+def test_linear_weight_is_relayouted_once_and_matches_cpu(onchip):
+    """Once: on chip (one kernel, the weight through the scratchpads and the ring) or, with onchip_relayout
+    off, through device memory (the relayout kernel and the copy back)."""
+    from torch_spyre.compiler import optimizations
+
     torch.manual_seed(0)
     lin = torch.nn.Linear(384, 1536).half()
     x = torch.randn(128, 384).half()
     ref = lin.float()(x.float())
     lin = lin.half().to("spyre")
     assert _stick_dim(lin.weight) == 1  # nn.Linear's [N, K] weight arrives sticked on K
-    out, records = _linear_calls(lin, x.to("spyre"), 3)
+    with optimizations.disabled(*(() if onchip else ("onchip_relayout",))):
+        out, records = _linear_calls(lin, x.to("spyre"), 3)
     assert _stick_dim(lin.weight) == 0
     assert lp.layout_stats() == {"weight_relayouts": 1}
     relayouts = [[r for r in recs if "relayout" in r.name] for recs in records]
-    assert len(relayouts[0]) == 2 and relayouts[1:] == [[], []]  # program + copy back, once
+    assert [r.kind for r in relayouts[0]] == (["kernel"] if onchip else ["kernel", "copy_d2d"])
+    assert relayouts[0][0].name.endswith("_onchip") == onchip and relayouts[1:] == [[], []]
     assert [r.name for r in records[2]] == [r.name for r in records[1]]
     torch.testing.assert_close(out.cpu().float(), ref, **F16)
 
