@@ -60,7 +60,8 @@ def test_the_seeds_exchange_takes_its_deterministic_simulated_time():
     program = onchip_relayout_program(StickLayout((384, 512), 1, "dlfloat16"), StickLayout((384, 512), 0, "dlfloat16"),
                                       cfg, in_place=True)
     assert len(program.cores) == 32
-    assert sum(i.nbytes for _, _, i in program.instructions() if isinstance(i, RingSend)) == 480 * 1024  # 384 KiB, edge blocks sent to both cores storing part of them
+    # 384 KiB, of which the blocks at a core's edges go to both cores storing part of them
+    assert sum(i.nbytes for _, _, i in program.instructions() if isinstance(i, RingSend)) == 480 * 1024
     assert bench.ring_s((384, 512), cfg) * 1e6 == pytest.approx(1.084, abs=5e-4)
     on, off = bench.measure(384, 512, on=True), bench.measure(384, 512, on=False)
     assert [k for _, k, _ in on["work"]] == ["kernel"]
