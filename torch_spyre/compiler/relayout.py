@@ -148,7 +148,8 @@ def relayout_in_place(t: Any, stick_dim: int, reason: str = "") -> Any:
     # A tensor's layout outlives timing-only mode: relayouting one that holds data (a real weight on its first
     # compiled call) in timing-only mode must keep its values, or every later faithful run reads nothing.
     keep_values = timing_only.timing_only(False) if alloc.has_data else contextlib.nullcontext()
-    if onchip_fallback(src, dst, card) is None:
+    not_on_chip = onchip_fallback(src, dst, card)
+    if not_on_chip is None:
         with keep_values:
             record = launch(_prepared_relayout(card, src, dst, in_place=True), {"t": alloc})
         alloc.meta["layout"] = dst  # the program rewrote the allocation's bytes in the new layout
@@ -158,7 +159,8 @@ def relayout_in_place(t: Any, stick_dim: int, reason: str = "") -> Any:
         record = launch(_prepared_relayout(card, src, dst), {"src": alloc, "dst": storage.allocation_of(scratch)})
     tensor.replace_layout(alloc, dst, storage.allocation_of(scratch))
     rt.current_stream(card).enqueue("relayout_copy_back", copy.d2d_seconds(dst.nbytes), kind="copy_d2d",
-                                     resource="compute", details={"bytes": dst.nbytes, "reason": reason})
+                                     resource="compute",
+                                     details={"bytes": dst.nbytes, "reason": reason, "not_on_chip": not_on_chip})
     return record
 
 
