@@ -16,38 +16,51 @@ from torch_spyre.device import storage
 from torch_spyre.program import RingSend
 
 
+def _device_codes(t: torch.Tensor):
+    """The allocation's layout and its device-order codes (DLFloat16 bits, fp32 words)."""
+    alloc = storage.allocation_of(t)
+    layout = alloc.meta["layout"]
+    return layout, alloc.buffer[:layout.nbytes].view(layout.storage_dtype).copy()
+
+
 def _relayouted(x: torch.Tensor, dims: tuple[int, ...], on: bool):
-    """``x`` on the card, relayouted in place to each of ``dims`` in turn: (host values, device bytes, the
-    launch records)."""
+    """``x`` on the card, relayouted in place to each of ``dims`` in turn: (host values, the host element
+    codes before, the layout and device codes after, the launch records)."""
     xs = x.to("spyre")
+    before_layout, before = _device_codes(xs)
     records = []
     with optimizations.disabled(*(() if on else ("onchip_relayout",))):
         for d in dims:
             records.append(relayout_in_place(xs, d, "test"))
-    alloc = storage.allocation_of(xs)
-    assert alloc.meta["layout"].stick_dim == dims[-1]
-    return xs.cpu(), alloc.buffer[:alloc.meta["layout"].nbytes].copy(), records
+    layout, after = _device_codes(xs)
+    assert layout.stick_dim == dims[-1]
+    return xs.cpu(), before_layout.unpack(before), layout, after, records
 
 
 @pytest.mark.parametrize("shape,dtype,dims", [
     ((64, 128), torch.float16, (0,)),           # one core per stick column: nothing to exchange
     ((300, 200), torch.float16, (0, 1)),         # partial blocks both ways, pieces split across cores
     ((100, 70), torch.float16, (0, 1)),          # padded lanes: zeros in the destination's padding
+    ((222, 2), torch.float16, (0,)),             # one stick column, 4 row sticks, 34 padding lanes
     ((96, 64), torch.float32, (0, 1)),           # fp32: 32-lane blocks
 ])
-def test_onchip_relayout_gives_the_device_memory_paths_bytes(shape, dtype, dims):
+def test_onchip_relayout_gives_the_device_memory_paths_values_bit_for_bit(shape, dtype, dims):
+    """Every element's code is what the device-memory path gives (and the CPU's value); the on-chip path's
+    padding lanes are zeros, the layout's canonical packing (``StickLayout.pack``), where the device-memory
+    path leaves what its scratch allocation held."""
     torch_spyre.reset_fallback_stats()
     x = torch.randn(*shape, dtype=dtype)
     reference = x.to("spyre").cpu()  # the values as the card stores them (DLFloat16 for fp16)
-    on_values, on_bytes, on_records = _relayouted(x, dims, on=True)
-    off_values, off_bytes, off_records = _relayouted(x, dims, on=False)
+    on_values, codes, layout, on_device, on_records = _relayouted(x, dims, on=True)
+    off_values, off_codes, off_layout, off_device, off_records = _relayouted(x, dims, on=False)
     assert torch.equal(on_values, reference) and torch.equal(off_values, reference)
     torch.testing.assert_close(on_values, x, atol=1e-2, rtol=1e-2)
-    assert (on_bytes == off_bytes).all()  # padding included
+    assert (layout.unpack(on_device) == off_layout.unpack(off_device)).all() and (codes == off_codes).all()
+    assert (on_device == layout.pack(codes)).all()  # padding included
     assert all(r.program.endswith("_onchip") for r in on_records)
     assert not any(r.program.endswith("_onchip") for r in off_records)
     assert all(r.stats.total_ring_bytes == 0 for r in off_records)
-    if shape != (64, 128):
+    if shape not in ((64, 128), (222, 2)):
         assert all(r.stats.total_ring_bytes > 0 for r in on_records)
     assert dict(torch_spyre.fallback_stats()) == {}
 
