@@ -93,6 +93,8 @@ def test_what_the_exchange_cannot_take_goes_through_device_memory_with_the_reaso
     assert "bytes of scratchpad on the busiest of all 32 cores" in why_not(*big, cfg)
     with pytest.raises(ValueError, match="no on-chip relayout .*2-D tensor"):
         onchip_relayout_program(*three_d, cfg)
+    with pytest.raises(ValueError, match="keeps the host shape and dtype"):
+        onchip_relayout_program(StickLayout((64, 128), 1, "dlfloat16"), StickLayout((128, 64), 0, "dlfloat16"), cfg)
     # The fallback still relayouts (through device memory), with the reason asked for by name.
     xs = torch.randn(2, 64, 64).half().to("spyre")
     before = xs.cpu()

@@ -98,6 +98,8 @@ def choose_cores(src: StickLayout, config: CardConfig) -> tuple[Any, int | None]
 
 def why_not(src: StickLayout, dst: StickLayout, config: CardConfig) -> str | None:
     """None when :func:`onchip_relayout_program` can move ``src`` to ``dst``, else why not."""
+    if tuple(src.host_shape) != tuple(dst.host_shape) or src.device_dtype != dst.device_dtype:
+        return f"a relayout keeps the host shape and dtype: {src.describe()} -> {dst.describe()}"
     if len(src.host_shape) != 2 or {src.stick_dim, dst.stick_dim} != {0, 1}:
         return (f"the on-chip exchange swaps the stick dim of a 2-D tensor; this relayout is "
                 f"{src.describe()} -> {dst.describe()}")
