@@ -97,7 +97,7 @@ def _assign(p: _Problem, s: Split, cfg: CardConfig) -> list[_CoreWork] | None:
     (:func:`~torch_spyre.compiler.placement.partner_groups`)."""
     bs = _chunks(p.batch, s.batch)
     ms = _chunks(p.M, s.m, _row_align(p))
-    ns = [(a * UNIT, min(n * UNIT, p.N - a * UNIT)) for a, n in _chunks(p.n_units, s.n)]
+    ns = [(a * UNIT, min(n * UNIT, p.N - a * UNIT)) for a, n in _n_chunks(p.n_units, s.n)]
     ks = [(a * UNIT, min(n * UNIT, p.K - a * UNIT)) for a, n in _chunks(p.k_units, s.k)]
     if (len(bs), len(ms), len(ns), len(ks)) != (s.batch, s.m, s.n, s.k):
         return None
@@ -110,6 +110,29 @@ def _assign(p: _Problem, s: Split, cfg: CardConfig) -> list[_CoreWork] | None:
                 work += [_CoreWork(group[q], b, m, n, k, q, group) for q, k in enumerate(ks)]
     return work
 
+
+
+UNEVEN_N_MAX = 1.25  # uneven N pieces: the largest at most this many times the average
+
+
+def _n_chunks(units: int, parts: int) -> list[tuple[int, int]]:
+    """N sticks over ``parts`` cores: equal pieces (the last may be short) when that gives every core
+    work; otherwise, when the largest piece stays within ``UNEVEN_N_MAX`` of the average, pieces of q+1
+    and q sticks, the larger first (200 sticks over 32 cores: 8 x 7 and 24 x 6, where pieces of 7 would
+    leave 3 cores idle and 25 cores of 8 leave 7). The first core keeps the largest box (the cost model
+    prices the busiest core from it)."""
+    even = _chunks(units, parts)
+    if len(even) == parts or parts > units:
+        return even
+    q, r = divmod(units, parts)
+    if (q + 1) * parts > UNEVEN_N_MAX * units:
+        return even
+    out, start = [], 0
+    for i in range(parts):
+        size = q + (i < r)
+        out.append((start, size))
+        start += size
+    return out
 
 
 def _divisors(n: int) -> list[int]:
