@@ -58,11 +58,11 @@ class _Emitter:
         self.a_loads: list[int] = []  # where the A loads are (share.py forwards them over the ring)
 
     def buf(self, name: str) -> int:
-        """Alternate between name0 and name1 (double buffering)."""
+        """Cycle through name0, name1 (and name2 where there is one): double (triple) buffering."""
         if name + "0" not in self.off:
             return self.off[name]
         i = self.toggles.get(name, 0)
-        self.toggles[name] = i ^ 1
+        self.toggles[name] = (i + 1) % (3 if f"{name}2" in self.off else 2)
         return self.off[f"{name}{i}"] if f"{name}{i}" in self.off else self.off[f"{name}0"]
 
     def row_tiles(self, batch: int | None) -> list[tuple[int, int, int, int, int]]:
@@ -318,7 +318,8 @@ def generate_plan(spec: MatmulSpec, split: Split, tiles: Tiles, config: CardConf
     if split.k > 1 and tiles.network not in ("reduce", "data"):
         raise MatmulSpecError(f"a K-split sends partial sums over the 'reduce' or the 'data' ring, got {tiles.network!r}")
     sh = _core_shape(p, split, tiles, work[0])
-    sp_plan = scratchpad.plan(_buffers(p, split, tiles, sh), config.scratchpad_plannable_bytes)
+    room = config.scratchpad_plannable_bytes
+    sp_plan = scratchpad.plan(_buffers(p, split, tiles, sh, room), room)
     offsets = {b.name: b.offset for b in sp_plan.buffers}
     uses = _count_chain_uses(p, split, tiles, work, offsets, config) if split.k > 1 else {}
     slots = _Slots(offsets, uses, sh.recv_slots, sh.chunk_rows * sh.nt_el * 4, config.num_cores)

@@ -199,8 +199,10 @@ def _chunk_rows(t: Tiles, s: Split) -> int:
     return max(64, -(-t.mt // (2 * s.k)))
 
 
-def _buffers(p: _Problem, s: Split, t: Tiles, sh: _Shape) -> list[SpBuffer]:
-    """Every scratchpad buffer one core needs. All live for the whole kernel (the loops reuse them)."""
+def _buffers(p: _Problem, s: Split, t: Tiles, sh: _Shape, room: int | None = None) -> list[SpBuffer]:
+    """Every scratchpad buffer one core needs. All live for the whole kernel (the loops reuse them).
+    With ``room`` (the plannable bytes) and A shared over the ring, a third A buffer where it fits (see
+    :func:`_a_buffers`); without, the buffers every plan needs (what :func:`_fits` checks)."""
     rows, kt, nt = sh.tile_rows, sh.kt_el, sh.nt_el
     bufs = []
     if t.a_resident:
@@ -225,7 +227,19 @@ def _buffers(p: _Problem, s: Split, t: Tiles, sh: _Shape) -> list[SpBuffer]:
         bufs += [SpBuffer(f"res{i}", _addend_bytes(p.residual, chunk, nt, t)) for i in range(2)]
     if s.k > 1:  # receive slots from the upstream neighbour of each direction
         bufs += [SpBuffer(f"recv{d}", sh.recv_slots * chunk * nt * 4) for d in range(2)]
+    if room is not None and _a_buffers(t) == 3:
+        third = SpBuffer("a2", rows * kt * 2)
+        if sum(b.aligned_bytes for b in bufs) + third.aligned_bytes <= room:
+            bufs.append(third)
     return bufs
+
+
+def _a_buffers(t: Tiles) -> int:
+    """A buffers wanted: three when A is shared over the ring and streamed. The row's loading core
+    then starts each A load two tiles ahead of its use instead of one: every core's stores and B loads
+    share the DRAM with it at an N tile's end (512x4096x12800: one 128 KiB A load took 44 us there, the
+    whole row waiting for it)."""
+    return 3 if t.share == "a" and not t.a_resident else 2
 
 
 def _addend_bytes(x, chunk: int, nt: int, t: Tiles) -> int:
