@@ -154,7 +154,7 @@ def test_uneven_shared_matches_torch(uneven_shared):
 def test_narrower_cores_forward_the_a_tiles_they_lack(uneven_shared):
     spec, prog = uneven_shared
     work = _assign(_check(spec), Split(1, 1, 8, 1), CFG)
-    (row,) = rows_sharing_a(work, CFG)
+    (row,) = rows_sharing_a(work, CFG, at_memory=True)
     loader, _ = forwarding(row)
     for w in row:
         ins = prog.cores[w.core]
@@ -167,9 +167,11 @@ def test_narrower_cores_forward_the_a_tiles_they_lack(uneven_shared):
 def test_whole_ring_row_loads_at_the_memory_stop():
     """A row of all 32 cores has no gap: its loading core is the memory stop's, its loads cross no link."""
     work = _assign(_check(mm(64, 256, 32 * 64)), Split(1, 1, 32, 1), CFG)
-    (row,) = rows_sharing_a(work, CFG)
+    (row,) = rows_sharing_a(work, CFG, at_memory=True)  # the matmul generator's rows
     loader, hops = forwarding(row)
     assert loader == CFG.memory_ring_stop and len(hops) == 31
+    (mlp_row,) = rows_sharing_a(work, CFG)  # the fused MLP's: the turn from the largest gap, as before
+    assert forwarding(mlp_row)[0] != CFG.memory_ring_stop
     arc = _assign(_check(mm(64, 256, 8 * 64)), Split(1, 1, 8, 1), CFG)  # an arc: its middle loads, as before
     (row8,) = rows_sharing_a(arc, CFG)
     assert forwarding(row8)[0] == row8[len(row8) // 2].core

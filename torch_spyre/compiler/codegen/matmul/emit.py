@@ -331,7 +331,7 @@ def generate_plan(spec: MatmulSpec, split: Split, tiles: Tiles, config: CardConf
     if tiles.share == "a":
         if split.k > 1:
             raise MatmulSpecError("sharing A over the ring needs a split without a K-split")
-        cores, notes = share_a(cores, a_loads, work, config)
+        cores, notes = share_a(cores, a_loads, work, config, at_memory=True)
         if notes:
             meta["share_notes"] = notes
     _check_spans(p, cores, config)
