@@ -100,7 +100,8 @@ def test_sharing_needs_a_split_without_k_split():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("M,K,N,floor", [(1024, 4096, 4096, 0.81), (1024, 14336, 4096, 0.83), (2048, 4096, 4096, 0.84)])
+@pytest.mark.parametrize("M,K,N,floor", [(1024, 4096, 4096, 0.84), (1024, 14336, 4096, 0.84), (2048, 4096, 4096, 0.85),
+                                         (1024, 4096, 14336, 0.81)])
 def test_llm_gemms_against_the_op_roofline(M, K, N, floor):
     """Measured with benchmarks/gemm_roofline.py (issue 13's targets are higher: see docs/compiler.md)."""
     prog, dec = build_matmul(mm(M, K, N), CFG)
