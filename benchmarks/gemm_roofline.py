@@ -1,7 +1,8 @@
 """LLM-sized fp16 GEMMs and decode GEMVs from the matmul generator, against the op roofline (issue 13).
 
     python benchmarks/gemm_roofline.py            # the table (markdown), then the same rows as JSON
-    python benchmarks/gemm_roofline.py --check    # also run a smaller shared-operand GEMM on the card vs torch
+    python benchmarks/gemm_roofline.py --check    # also run a smaller shared-operand GEMM on the card vs torch,
+                                                  # and exit 1 when no GEMM may be under 75 % or GEMV under 95 %
 
 Simulated device time of the generated program on the default card (card/timing/, deterministic): the
 programs are built and timed, never executed on the host (the --check shape is executed). op roofline =
@@ -93,11 +94,23 @@ def main() -> None:
           f"{100 * TARGETS['gemm_average']:.0f} %), lowest {100 * summary['gemm_min']:.1f} % (target "
           f"{100 * TARGETS['gemm_each']:.0f} %); GEMVs: lowest {100 * summary['gemv_min']:.1f} % of the streaming "
           f"ceiling (target {100 * TARGETS['gemv_each']:.0f} %)")
+    failed = []
     if args.check:
         summary["check_rel_err"] = check(cfg)
         print(f"check: 256x512x1024 with A shared over the ring, executed on the card: max error "
               f"{summary['check_rel_err']:.1e} of the largest output")
+        # The targets met so far are enforced; the GEMM average (85 %) is not met yet (docs/compiler.md).
+        if summary["gemm_min"] < TARGETS["gemm_each"]:
+            failed.append(f"a GEMM at {100 * summary['gemm_min']:.1f} % of the op roofline, under "
+                          f"{100 * TARGETS['gemm_each']:.0f} %")
+        if summary["gemv_min"] < TARGETS["gemv_each"]:
+            failed.append(f"a GEMV at {100 * summary['gemv_min']:.1f} % of the streaming ceiling, under "
+                          f"{100 * TARGETS['gemv_each']:.0f} %")
+        if summary["check_rel_err"] > 2e-3:
+            failed.append(f"the executed GEMM is off torch by {summary['check_rel_err']:.1e} of its largest output")
     print(json.dumps({"rows": rows, "summary": summary}))
+    if failed:
+        sys.exit("--check failed: " + "; ".join(failed))
 
 
 if __name__ == "__main__":

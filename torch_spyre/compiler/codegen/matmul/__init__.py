@@ -228,7 +228,7 @@ def _decisions(spec: MatmulSpec, cfg: CardConfig, ranked: list[Plan],
     s, t = best.split, best.tiles
     work = _assign(p, s, cfg)
     sh = _core_shape(p, s, t, work[0])
-    sp_plan = scratchpad.plan(_buffers(p, s, t, sh), cfg.scratchpad_plannable_bytes)
+    sp_plan = scratchpad.plan(_buffers(p, s, t, sh, cfg.scratchpad_plannable_bytes), cfg.scratchpad_plannable_bytes)
     d = KernelDecisions(spec.name, "matmul", list(spec.source_ops))
     for bound, kind in ((p.a, "input"), (p.b, "weight"), (p.bias, "input"), (p.residual, "input"), (p.out, "output")):
         if bound is not None:

@@ -207,7 +207,7 @@ def _shared_a(tr: _SplitTraffic, cfg: CardConfig) -> tuple[list[int], dict[tuple
         link_a: dict[tuple, int] = {}
         chain: dict[tuple, int] = {}
         n, mem = cfg.num_cores, cfg.memory_ring_stop
-        for row in rows_sharing_a(tr.work, cfg):
+        for row in rows_sharing_a(tr.work, cfg, at_memory=True):
             loader, hops = forwarding(row)
             head = index[loader]
             a[head] = tr.a[head]
@@ -255,7 +255,7 @@ def _chain_lag(sh: _Shape, tr: _SplitTraffic, cfg: CardConfig) -> float:
     hops = tr.memo.get(("longest_chain",))
     if hops is None:
         longest = 0
-        for row in rows_sharing_a(tr.work, cfg):
+        for row in rows_sharing_a(tr.work, cfg, at_memory=True):
             mid = len(row) // 2
             longest = max(longest, mid, len(row) - 1 - mid)
         hops = tr.memo[("longest_chain",)] = longest

@@ -49,19 +49,20 @@ class _Emitter:
     """Instructions of one core."""
 
     def __init__(self, p: _Problem, s: Split, t: Tiles, w: _CoreWork, offsets: dict[str, int], cfg: CardConfig,
-                 slots: "_Slots | None" = None):
+                 slots: "_Slots | None" = None, row_n_tiles: int = 0):
         self.p, self.s, self.t, self.w, self.off, self.cfg, self.slots = p, s, t, w, offsets, cfg, slots
         self.sh = _core_shape(p, s, t, w)
+        self.row_n_tiles = row_n_tiles  # N tiles of the widest core (uneven N pieces: forward_only)
         self.ins: list[Instruction] = []
         self.toggles: dict[str, int] = {}
         self.a_loads: list[int] = []  # where the A loads are (share.py forwards them over the ring)
 
     def buf(self, name: str) -> int:
-        """Alternate between name0 and name1 (double buffering)."""
+        """Cycle through name0, name1 (and name2 where there is one): double (triple) buffering."""
         if name + "0" not in self.off:
             return self.off[name]
         i = self.toggles.get(name, 0)
-        self.toggles[name] = i ^ 1
+        self.toggles[name] = (i + 1) % (3 if f"{name}2" in self.off else 2)
         return self.off[f"{name}{i}"] if f"{name}{i}" in self.off else self.off[f"{name}0"]
 
     def row_tiles(self, batch: int | None) -> list[tuple[int, int, int, int, int]]:
@@ -89,9 +90,22 @@ class _Emitter:
                 if "acc1" not in self.off:  # one accumulator: its epilogue must finish before reuse
                     self.epilogue(*pending)
                     pending = None
+            self.forward_only(rts, len(n_tiles), len(k_tiles), resident)
         if pending is not None:
             self.epilogue(*pending)
         return self.ins
+
+    def forward_only(self, rts, n_tiles: int, k_tiles: int, resident: dict) -> None:
+        """With A shared over the ring and uneven N pieces, a narrower core has fewer N tiles than the row's
+        widest (200 sticks over 32 cores: tiles of 2 give 4 and 3): it still takes the A tiles of the
+        passes it lacks, only to hand them on (share.py needs every core of a row to load the same tiles)."""
+        if self.t.share != "a" or self.t.a_resident:
+            return
+        k0s = [(self.w.kcols[0] + a, n) for a, n in _chunks_el(self.w.kcols[1], self.sh.kt_el)]
+        for _ in range(n_tiles, self.row_n_tiles):
+            for kk, (k0, kn) in enumerate(k0s[:k_tiles]):
+                for i, rt in enumerate(rts):
+                    self.load_a(rt, kk, k0, kn, i, resident)
 
     # --- loads -----------------------------------------------------------------------------------
     def load_b(self, batch: int | None, k0: int, kn: int, n0: int, nn: int) -> int:
@@ -304,19 +318,20 @@ def generate_plan(spec: MatmulSpec, split: Split, tiles: Tiles, config: CardConf
     if split.k > 1 and tiles.network not in ("reduce", "data"):
         raise MatmulSpecError(f"a K-split sends partial sums over the 'reduce' or the 'data' ring, got {tiles.network!r}")
     sh = _core_shape(p, split, tiles, work[0])
-    sp_plan = scratchpad.plan(_buffers(p, split, tiles, sh), config.scratchpad_plannable_bytes)
+    room = config.scratchpad_plannable_bytes
+    sp_plan = scratchpad.plan(_buffers(p, split, tiles, sh, room), room)
     offsets = {b.name: b.offset for b in sp_plan.buffers}
     uses = _count_chain_uses(p, split, tiles, work, offsets, config) if split.k > 1 else {}
     slots = _Slots(offsets, uses, sh.recv_slots, sh.chunk_rows * sh.nt_el * 4, config.num_cores)
     cores, a_loads = {}, {}
     for w in work:
-        em = _Emitter(p, split, tiles, w, offsets, config, slots)
+        em = _Emitter(p, split, tiles, w, offsets, config, slots, sh.n_tiles)
         cores[w.core], a_loads[w.core] = em.run(), em.a_loads
     meta = {"kind": spec.kind, "split": str(split), "tiles": str(tiles)}
     if tiles.share == "a":
         if split.k > 1:
             raise MatmulSpecError("sharing A over the ring needs a split without a K-split")
-        cores, notes = share_a(cores, a_loads, work, config)
+        cores, notes = share_a(cores, a_loads, work, config, at_memory=True)
         if notes:
             meta["share_notes"] = notes
     _check_spans(p, cores, config)

@@ -97,7 +97,7 @@ def _assign(p: _Problem, s: Split, cfg: CardConfig) -> list[_CoreWork] | None:
     (:func:`~torch_spyre.compiler.placement.partner_groups`)."""
     bs = _chunks(p.batch, s.batch)
     ms = _chunks(p.M, s.m, _row_align(p))
-    ns = [(a * UNIT, min(n * UNIT, p.N - a * UNIT)) for a, n in _chunks(p.n_units, s.n)]
+    ns = [(a * UNIT, min(n * UNIT, p.N - a * UNIT)) for a, n in _n_chunks(p.n_units, s.n)]
     ks = [(a * UNIT, min(n * UNIT, p.K - a * UNIT)) for a, n in _chunks(p.k_units, s.k)]
     if (len(bs), len(ms), len(ns), len(ks)) != (s.batch, s.m, s.n, s.k):
         return None
@@ -110,6 +110,29 @@ def _assign(p: _Problem, s: Split, cfg: CardConfig) -> list[_CoreWork] | None:
                 work += [_CoreWork(group[q], b, m, n, k, q, group) for q, k in enumerate(ks)]
     return work
 
+
+
+UNEVEN_N_MAX = 1.25  # uneven N pieces: the largest at most this many times the average
+
+
+def _n_chunks(units: int, parts: int) -> list[tuple[int, int]]:
+    """N sticks over ``parts`` cores: equal pieces (the last may be short) when that gives every core
+    work; otherwise, when the largest piece stays within ``UNEVEN_N_MAX`` of the average, pieces of q+1
+    and q sticks, the larger first (200 sticks over 32 cores: 8 x 7 and 24 x 6, where pieces of 7 would
+    leave 3 cores idle and 25 cores of 8 leave 7). The first core keeps the largest box (the cost model
+    prices the busiest core from it)."""
+    even = _chunks(units, parts)
+    if len(even) == parts or parts > units:
+        return even
+    q, r = divmod(units, parts)
+    if (q + 1) * parts > UNEVEN_N_MAX * units:
+        return even
+    out, start = [], 0
+    for i in range(parts):
+        size = q + (i < r)
+        out.append((start, size))
+        start += size
+    return out
 
 
 def _divisors(n: int) -> list[int]:
@@ -176,8 +199,10 @@ def _chunk_rows(t: Tiles, s: Split) -> int:
     return max(64, -(-t.mt // (2 * s.k)))
 
 
-def _buffers(p: _Problem, s: Split, t: Tiles, sh: _Shape) -> list[SpBuffer]:
-    """Every scratchpad buffer one core needs. All live for the whole kernel (the loops reuse them)."""
+def _buffers(p: _Problem, s: Split, t: Tiles, sh: _Shape, room: int | None = None) -> list[SpBuffer]:
+    """Every scratchpad buffer one core needs. All live for the whole kernel (the loops reuse them).
+    With ``room`` (the plannable bytes) and A shared over the ring, a third A buffer where it fits (see
+    :func:`_a_buffers`); without, the buffers every plan needs (what :func:`_fits` checks)."""
     rows, kt, nt = sh.tile_rows, sh.kt_el, sh.nt_el
     bufs = []
     if t.a_resident:
@@ -202,7 +227,19 @@ def _buffers(p: _Problem, s: Split, t: Tiles, sh: _Shape) -> list[SpBuffer]:
         bufs += [SpBuffer(f"res{i}", _addend_bytes(p.residual, chunk, nt, t)) for i in range(2)]
     if s.k > 1:  # receive slots from the upstream neighbour of each direction
         bufs += [SpBuffer(f"recv{d}", sh.recv_slots * chunk * nt * 4) for d in range(2)]
+    if room is not None and _a_buffers(t) == 3:
+        third = SpBuffer("a2", rows * kt * 2)
+        if sum(b.aligned_bytes for b in bufs) + third.aligned_bytes <= room:
+            bufs.append(third)
     return bufs
+
+
+def _a_buffers(t: Tiles) -> int:
+    """A buffers wanted: three when A is shared over the ring and streamed. The row's loading core
+    then starts each A load two tiles ahead of its use instead of one: every core's stores and B loads
+    share the DRAM with it at an N tile's end (512x4096x12800: one 128 KiB A load took 44 us there, the
+    whole row waiting for it)."""
+    return 3 if t.share == "a" and not t.a_resident else 2
 
 
 def _addend_bytes(x, chunk: int, nt: int, t: Tiles) -> int:

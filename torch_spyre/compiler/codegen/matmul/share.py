@@ -29,9 +29,15 @@ A_TAG = 2  # the K-split chain uses tags 0 and 1
 CREDIT_TAG = 16  # + the index of the A buffer the credit frees
 
 
-def rows_sharing_a(work: Sequence[_CoreWork], cfg: CardConfig) -> list[list[_CoreWork]]:
+def rows_sharing_a(work: Sequence[_CoreWork], cfg: CardConfig, at_memory: bool = False) -> list[list[_CoreWork]]:
     """The cores that stream the same A tiles (same batches, rows and K range), each row in ring order
-    along the arc its cores span (clockwise from the end of the largest gap between them)."""
+    along the arc its cores span (clockwise from the end of the largest gap between them). A row of every
+    core has no gap: it is turned so that the core at the memory stop is in the middle (the loader, see
+    :func:`forwarding`): its A loads then cross no ring link, and the chains run away from the memory
+    stop, against the output stores (the middle of an arbitrary turn loaded A 16 links away and sent it
+    back towards the memory stop beside every store: 1024x4096x4096 606.7 -> 593.0 us). Only with
+    ``at_memory`` (the matmul generator): the fused MLP's rows measured slower that way (Granite's MLP
+    2,458.8 -> 2,504.4 us), so it keeps the turn from the largest gap."""
     rows: dict[tuple, list[_CoreWork]] = defaultdict(list)
     for w in work:
         rows[(w.batches, w.rows, w.kcols)].append(w)
@@ -42,6 +48,8 @@ def rows_sharing_a(work: Sequence[_CoreWork], cfg: CardConfig) -> list[list[_Cor
         gaps = [((ws[(i + 1) % len(ws)].core - w.core) % n, i) for i, w in enumerate(ws)]
         _, after = max(gaps, key=lambda g: (g[0], -g[1]))  # the widest gap (nearest the memory stop on a tie)
         start = (after + 1) % len(ws)
+        if at_memory and len(ws) == n:  # the whole ring: the memory stop's core in the middle loads (its loads cross no link)
+            start = (ws.index(next(w for w in ws if w.core == mem)) - n // 2) % n
         out.append(ws[start:] + ws[:start])
     return out
 
@@ -76,12 +84,13 @@ def _tile_range(ins: DmaLoad) -> tuple[int, int] | None:
 
 
 def share_a(cores: dict[int, list[Instruction]], a_loads: dict[int, list[int]], work: Sequence[_CoreWork],
-            cfg: CardConfig, tag: int = A_TAG, credit_tag: int = CREDIT_TAG) -> tuple[dict[int, list[Instruction]], list[str]]:
+            cfg: CardConfig, tag: int = A_TAG, credit_tag: int = CREDIT_TAG,
+            at_memory: bool = False) -> tuple[dict[int, list[Instruction]], list[str]]:
     """The streams with each row's A loads replaced by one load and forwarding chains; and notes on rows
     left as they were (their cores' A loads differ, or a tile is not one contiguous range). A program that
     shares two operands this way gives the second its own ``tag`` and ``credit_tag`` (codegen/mlp)."""
     out, notes = dict(cores), []
-    for row in rows_sharing_a(work, cfg):
+    for row in rows_sharing_a(work, cfg, at_memory):
         if len(row) < 2:
             continue
         members = [w.core for w in row]
