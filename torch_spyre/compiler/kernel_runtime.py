@@ -107,8 +107,6 @@ _WHOLE_OP_CACHE_SIZE = 512
 def _whole_op_program(spec: KernelSpec, places: dict[str, Any], config: Any):
     import json
 
-    from ..program import Program
-
     key = (spec.generator, json.dumps(spec.params, sort_keys=True, default=str),
            tuple((b.name, b.dtype, tuple(b.size), tuple(b.stride), b.offset) for b in spec.buffers),
            tuple(sorted(places.items(), key=lambda kv: kv[0])), id(config), generation_key())
@@ -118,6 +116,14 @@ def _whole_op_program(spec: KernelSpec, places: dict[str, Any], config: Any):
         if len(_WHOLE_OP_CACHE) >= _WHOLE_OP_CACHE_SIZE:
             _WHOLE_OP_CACHE.pop(next(iter(_WHOLE_OP_CACHE)))
         _WHOLE_OP_CACHE[key] = program
+    return _program_named(program, spec)
+
+
+def _program_named(program: Any, spec: KernelSpec) -> Any:
+    """``program`` (generated for a kernel of the same content) as ``spec``'s kernel's: its name and the
+    kernel named in its decisions."""
+    from ..program import Program
+
     if program.name == spec.name:
         return program
     meta = dict(program.metadata)
@@ -131,14 +137,14 @@ SHAPE_CACHE_ENV = "TORCH_SPYRE_SHAPE_CACHE_SIZE"
 DEFAULT_SHAPE_CACHE_SIZE = 32
 
 # Over all kernels: "specializations" (symbolic specs made static for new shape values), "programs"
-# (programs generated and prepared), "evictions" (prepared programs dropped by a kernel's LRU), "hits".
+# (programs generated and prepared, or "shared": taken from another kernel of the same content), "evictions" (prepared programs dropped by a kernel's LRU), "hits".
 _shape_stats: Counter[str] = Counter()
 
 
 def shape_cache_stats() -> dict[str, int]:
     """Counters of every :class:`SpyreKernel` since the last :func:`reset_shape_cache_stats`."""
     with _fallback_lock:
-        return {k: _shape_stats[k] for k in ("specializations", "programs", "evictions", "hits")}
+        return {k: _shape_stats[k] for k in ("specializations", "programs", "shared", "evictions", "hits")}
 
 
 def reset_shape_cache_stats() -> None:
@@ -287,9 +293,17 @@ class SpyreKernel:
             if key in self._prepared:
                 return self._prepared[key]
             c = cards.card(card)
-            program = self.program_for(places, c.config, values)
-            debug.dump_kernel(self.specialized(values), program)
-            prepared = prepare(program, c)
+            spec = self.specialized(values)
+            content = (_content_of(spec), c.config, key[2], key[3])
+            shared = _shared.get(content, c)
+            if shared is not None:  # another kernel of the same content (the same layer of another block)
+                prepared = shared.renamed(_program_named(shared.program, spec))
+                self._note("shared")
+            else:
+                program = self.program_for(places, c.config, values)
+                prepared = prepare(program, c)
+                _shared.put(content, prepared)
+            debug.dump_kernel(spec, prepared.program)
             self._note("programs")
             self._prepared[key] = prepared
             while len(self._prepared) > self.cache_size:
@@ -304,6 +318,48 @@ class SpyreKernel:
     def __repr__(self) -> str:
         sym = f", symbolic in {', '.join(self.spec.symbols)}" if self.spec.symbols else ""
         return f"<SpyreKernel {self.name}: {len(self._prepared)} prepared program(s){sym}>"
+
+
+def _content_of(spec: KernelSpec) -> str:
+    """The spec but its name: what a generated program depends on besides placements, card and
+    :func:`generation_key` (a program's name is its kernel's, and nothing else in it comes from the name)."""
+    from dataclasses import replace
+
+    return replace(spec, name="").to_json()
+
+
+class _SharedPrograms:
+    """Prepared programs by content, shared by every kernel of that content: a model's repeated blocks
+    compile to kernels that differ only in name (Inductor numbers them), and each would otherwise
+    generate, validate, time and prove (its first, checked launch) the same program again. A kernel
+    launches the shared one under its own name (:meth:`PreparedProgram.renamed`). Bounded like a
+    kernel's own cache; an entry prepared for a card since replaced (another configuration) is not used."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._entries: OrderedDict[tuple, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, content: tuple, card: Any) -> Any:
+        with self._lock:
+            prepared = self._entries.get(content)
+            if prepared is None or prepared.card is not card:
+                return None
+            self._entries.move_to_end(content)
+            return prepared
+
+    def put(self, content: tuple, prepared: Any) -> None:
+        with self._lock:
+            self._entries[content] = prepared
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+_shared = _SharedPrograms(1024)
 
 
 def walks_allocation_dims(t: torch.Tensor) -> bool:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Union
 
 import numpy as np
@@ -115,6 +115,14 @@ class PreparedProgram:
     def duration(self) -> float:
         """Simulated seconds one launch occupies the card's cores."""
         return float(self.timing.total_s)
+
+    def renamed(self, program: Program) -> "PreparedProgram":
+        """This prepared program launched as ``program``: the same instructions and operands under
+        another name (a kernel of the same content). It shares the executor (a program proved once stays
+        proved), the address arrays and their lock; its timing and launch details carry the new name."""
+        timing = replace(self.timing, program_name=program.name)
+        return replace(self, program=program, timing=timing, kernel_details=_kernel_details(program, timing),
+                       launches=0)
 
     def __repr__(self) -> str:
         return (f"<PreparedProgram {self.name!r} on spyre:{self.card.index}: {len(self.operand_names)} operands, "
