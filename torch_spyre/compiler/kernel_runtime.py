@@ -25,6 +25,7 @@ Nothing here imports Inductor: a cached wrapper runs without compiling.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections import Counter, OrderedDict
 from typing import Any
@@ -294,15 +295,19 @@ class SpyreKernel:
                 return self._prepared[key]
             c = cards.card(card)
             spec = self.specialized(values)
-            content = (_content_of(spec), c.config, key[2], key[3])
+            names = _local_names(spec)
+            content = (_content_of(spec, names), c.config, _places_content(places, names), key[3])
             shared = _shared.get(content, c)
             if shared is not None:  # another kernel of the same content (the same layer of another block)
-                prepared = shared.renamed(_program_named(shared.program, spec))
+                first, first_names = shared
+                rename = dict(zip(first_names, names))  # same content: the same number of names
+                program = _program_named(_with_operands_renamed(first.program, rename), spec)
+                prepared = first.renamed(program)
                 self._note("shared")
             else:
                 program = self.program_for(places, c.config, values)
                 prepared = prepare(program, c)
-                _shared.put(content, prepared)
+                _shared.put(content, (prepared, names))
             debug.dump_kernel(spec, prepared.program)
             self._note("programs")
             self._prepared[key] = prepared
@@ -320,12 +325,67 @@ class SpyreKernel:
         return f"<SpyreKernel {self.name}: {len(self._prepared)} prepared program(s){sym}>"
 
 
-def _content_of(spec: KernelSpec) -> str:
-    """The spec but its name: what a generated program depends on besides placements, card and
-    :func:`generation_key` (a program's name is its kernel's, and nothing else in it comes from the name)."""
+def _local_names(spec: KernelSpec) -> list[str]:
+    """The names a kernel's spec gives its buffers (operands first, in order) and scheduler nodes: the
+    graph numbers them, so the same layer of another block has other ones."""
+    names = [b.name for b in spec.buffers]
+    names += [n for n in spec.internal if n not in names]
+    names += [n.name for n in spec.nodes if n.name not in names]
+    return names
+
+
+def _content_of(spec: KernelSpec, names: list[str]) -> str:
+    """The spec but its name and its buffers' names (each replaced by its position): what a generated
+    program depends on besides placements, card and :func:`generation_key`. A program's name is its
+    kernel's, and its operands are the kernel's buffers by name; nothing else in it comes from names."""
     from dataclasses import replace
 
-    return replace(spec, name="").to_json()
+    text = replace(spec, name="").to_json()
+    return _names_pattern(names).sub(lambda m: f"@{names.index(m.group(0))}", text) if names else text
+
+
+def _names_pattern(names: list[str]) -> "re.Pattern[str]":
+    return re.compile(r"(?<![\w.])(?:" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+                      + r")(?![\w.])")
+
+
+def _places_content(places: dict[str, Any], names: list[str]) -> tuple:
+    from dataclasses import replace
+
+    return tuple(sorted((names.index(n), replace(v, name="")) for n, v in places.items()))
+
+
+def _with_operands_renamed(program: Any, rename: dict[str, str]) -> Any:
+    """``program`` with operand ``a`` called ``rename[a]`` everywhere: operands, the DMA instructions'
+    addresses and the names in its metadata (the decisions name the buffers)."""
+    from dataclasses import replace
+
+    from ..program import Addr, DmaGather, DmaLoad, DmaStore, Program
+
+    rename = {a: b for a, b in rename.items() if a != b}
+    if not rename:
+        return program
+    pattern = _names_pattern(list(rename))
+
+    def instruction(ins: Any) -> Any:
+        if isinstance(ins, (DmaLoad, DmaGather)) and ins.src.operand in rename:
+            return replace(ins, src=Addr(rename[ins.src.operand], ins.src.offset))
+        if isinstance(ins, DmaStore) and ins.dst.operand in rename:
+            return replace(ins, dst=Addr(rename[ins.dst.operand], ins.dst.offset))
+        return ins
+
+    def text(value: Any) -> Any:
+        if isinstance(value, str):
+            return pattern.sub(lambda m: rename[m.group(0)], value)
+        if isinstance(value, dict):
+            return {text(k): text(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(text(v) for v in value)
+        return value
+
+    operands = [replace(o, name=rename.get(o.name, o.name)) for o in program.operands]
+    cores = {core: [instruction(i) for i in ins] for core, ins in program.cores.items()}
+    return Program(program.name, operands, cores, text(program.metadata))
 
 
 class _SharedPrograms:
@@ -340,17 +400,18 @@ class _SharedPrograms:
         self._entries: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, content: tuple, card: Any) -> Any:
+    def get(self, content: tuple, card: Any) -> tuple[Any, list[str]] | None:
+        """(the prepared program, its kernel's buffer names in spec order), if prepared for ``card``."""
         with self._lock:
-            prepared = self._entries.get(content)
-            if prepared is None or prepared.card is not card:
+            entry = self._entries.get(content)
+            if entry is None or entry[0].card is not card:
                 return None
             self._entries.move_to_end(content)
-            return prepared
+            return entry
 
-    def put(self, content: tuple, prepared: Any) -> None:
+    def put(self, content: tuple, entry: tuple[Any, list[str]]) -> None:
         with self._lock:
-            self._entries[content] = prepared
+            self._entries[content] = entry
             while len(self._entries) > self.size:
                 self._entries.popitem(last=False)
 
