@@ -108,3 +108,23 @@ def test_eager_op_follows_the_precision_set_between_calls(monkeypatch):
     fine = (da @ db).cpu()
     assert (fine.double() - exact).abs().max() < 1e-4 < (coarse.double() - exact).abs().max()
     torch.testing.assert_close(fine, a @ b)
+
+
+@pytest.mark.parametrize("name", ["addmm", "baddbmm", "linear"])
+def test_highest_fast_executor_gives_the_checked_bits(name, monkeypatch):
+    """The K-concatenated programs (the parts' kernels, the long-K matmul) run fast after their first,
+    checked launch; TORCH_SPYRE_CHECK=compare runs them both ways and raises on any differing byte."""
+    fn, shapes = CASES[name]
+    args = [a.to("spyre") for a in _inputs(*shapes, seed=3)]
+    fresh()
+    compiled = torch.compile(fn)
+    first = compiled(*args).cpu()  # each program's first launch: checked
+    monkeypatch.setenv("TORCH_SPYRE_CHECK", "compare")
+    second = compiled(*args).cpu()  # fast and checked, compared byte for byte
+    assert torch.equal(first, second)
+    monkeypatch.setenv("TORCH_SPYRE_EAGER", "compile")
+    eager.reset_cache()
+    monkeypatch.setenv("TORCH_SPYRE_CHECK", "0")
+    first = fn(*args).cpu()
+    monkeypatch.setenv("TORCH_SPYRE_CHECK", "compare")
+    torch.testing.assert_close(fn(*args).cpu(), first, rtol=0, atol=0)

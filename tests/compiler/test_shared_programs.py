@@ -36,7 +36,7 @@ def _without_operand_names(program):
     return {core: [plain(i) for i in ins] for core, ins in program.cores.items()}
 
 
-def test_repeated_blocks_share_programs_under_their_own_names():
+def test_repeated_blocks_share_programs_under_their_own_names(monkeypatch):
     torch.manual_seed(0)
     model = nn.Sequential(Block(), Block()).half().eval()
     for p in model.parameters():  # other weights in each block: the sharing is of programs, not data
@@ -53,6 +53,12 @@ def test_repeated_blocks_share_programs_under_their_own_names():
         with torch_spyre.profiler.profile() as prof:
             got = compiled(x.to("spyre")).cpu()
     torch.testing.assert_close(got.float(), expected, **TOL[torch.float16])
+    # The second block's kernels ran fast from their first launch (the shared program was proved by the
+    # first block's): run every launch both ways now, any differing byte raises.
+    monkeypatch.setenv("TORCH_SPYRE_CHECK", "compare")
+    with torch.no_grad():
+        assert torch.equal(compiled(x.to("spyre")).cpu(), got)
+    monkeypatch.delenv("TORCH_SPYRE_CHECK")
     assert stats["shared"] >= 2, stats  # the second block's kernels took the first block's programs
     assert stats["programs"] - stats["shared"] < stats["programs"]
     kernels = [r for r in prof.events() if r.kind == "kernel"]
