@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import weakref
 from collections import Counter, OrderedDict
 from typing import Any
 
@@ -138,7 +139,8 @@ SHAPE_CACHE_ENV = "TORCH_SPYRE_SHAPE_CACHE_SIZE"
 DEFAULT_SHAPE_CACHE_SIZE = 32
 
 # Over all kernels: "specializations" (symbolic specs made static for new shape values), "programs"
-# (programs generated and prepared, or "shared": taken from another kernel of the same content), "evictions" (prepared programs dropped by a kernel's LRU), "hits".
+# (programs prepared for a kernel), "shared" (of those, taken from another kernel of the same content),
+# "evictions" (prepared programs dropped by a kernel's LRU), "hits".
 _shape_stats: Counter[str] = Counter()
 
 
@@ -307,7 +309,7 @@ class SpyreKernel:
             else:
                 program = self.program_for(places, c.config, values)
                 prepared = prepare(program, c)
-                _shared.put(content, (prepared, names))
+                _shared.put(content, prepared, names)
             debug.dump_kernel(spec, prepared.program)
             self._note("programs")
             self._prepared[key] = prepared
@@ -392,32 +394,32 @@ class _SharedPrograms:
     """Prepared programs by content, shared by every kernel of that content: a model's repeated blocks
     compile to kernels that differ only in name (Inductor numbers them), and each would otherwise
     generate, validate, time and prove (its first, checked launch) the same program again. A kernel
-    launches the shared one under its own name (:meth:`PreparedProgram.renamed`). Bounded like a
-    kernel's own cache; an entry prepared for a card since replaced (another configuration) is not used."""
+    launches the shared one under its own names (:meth:`PreparedProgram.renamed`). Entries are weak:
+    a program lives only while a kernel's own LRU keeps it, so ``TORCH_SPYRE_SHAPE_CACHE_SIZE`` still
+    bounds what is kept; an entry prepared for a card since replaced (another configuration) is not used."""
 
     def __init__(self, size: int):
         self.size = size
-        self._entries: OrderedDict[tuple, Any] = OrderedDict()
+        self._entries: OrderedDict[tuple, tuple[Any, list[str]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, content: tuple, card: Any) -> tuple[Any, list[str]] | None:
-        """(the prepared program, its kernel's buffer names in spec order), if prepared for ``card``."""
+        """(the prepared program, its kernel's local names), if one is alive and prepared for ``card``."""
         with self._lock:
             entry = self._entries.get(content)
-            if entry is None or entry[0].card is not card:
+            prepared = entry[0]() if entry is not None else None
+            if prepared is None or prepared.card is not card:
+                if entry is not None and prepared is None:
+                    del self._entries[content]
                 return None
             self._entries.move_to_end(content)
-            return entry
+            return prepared, entry[1]
 
-    def put(self, content: tuple, entry: tuple[Any, list[str]]) -> None:
+    def put(self, content: tuple, prepared: Any, names: list[str]) -> None:
         with self._lock:
-            self._entries[content] = entry
+            self._entries[content] = (weakref.ref(prepared), names)
             while len(self._entries) > self.size:
                 self._entries.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
 
 
 _shared = _SharedPrograms(1024)
