@@ -3,6 +3,7 @@
     python benchmarks/host_speed.py            # all rows
     python benchmarks/host_speed.py --quick    # fewer repeats, no `spyre run` subprocess
     python benchmarks/host_speed.py --json     # one JSON object instead of the table
+    python benchmarks/host_speed.py --quick --only encode   # some rows: add, new_length, minilm, encode
 
 Rows (each a median of ``--repeat`` calls after warm-up; ratios are spyre / CPU of the same run):
 1. compiled MiniLM forward (real all-MiniLM-L6-v2 weights, batch 8, seq 128, fp16 on spyre) against
@@ -133,6 +134,11 @@ def spyre_run_fresh() -> dict[str, Any]:
             "baseline": "-", "ratio": None, "target_ratio": None, "meets_target": None}
 
 
+ROWS: dict[str, Callable[[int], dict[str, Any] | None]] = {
+    "add": small_eager_op, "new_length": new_sequence_length, "minilm": minilm_compiled,
+    "encode": sentence_transformers_encode}
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
     print("| row | spyre | baseline | baseline is | ratio | target |")
     print("|---|---:|---:|---|---:|---:|")
@@ -149,14 +155,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="timed calls per row (median)")
     parser.add_argument("--quick", action="store_true", help="3 repeats, no `spyre run` subprocess")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--only", nargs="+", choices=[*ROWS, "run"], metavar="ROW",
+                        help=f"only these rows ({', '.join(ROWS)}, run)")
     args = parser.parse_args(argv)
     repeat = 3 if args.quick else args.repeat
     torch.set_num_threads(1)  # the card's executor runs single-threaded; compare like with like
-    rows = [small_eager_op(repeat), new_sequence_length(repeat), minilm_compiled(repeat)]
-    st = sentence_transformers_encode(repeat)
-    if st is not None:
-        rows.append(st)
-    if not args.quick:
+    chosen = args.only or [*ROWS, *([] if args.quick else ["run"])]
+    rows = [r for r in (ROWS[name](repeat) for name in ROWS if name in chosen) if r is not None]
+    if "run" in chosen:
         rows.append(spyre_run_fresh())
     if args.json:
         print(json.dumps({"rows": rows}, indent=2))

@@ -242,7 +242,8 @@ def test_shape_cache_is_bounded_and_counted(monkeypatch):
         torch.testing.assert_close(compiled(x.to("spyre")).cpu(), softmax(x), **TOL[torch.float32])
     stats = wrapper.shape_cache_stats()
     # One kernel (softmax is one fused reduction), four shapes, two kept: two evicted.
-    assert stats == {"specializations": 4, "programs": 4, "evictions": 2, "hits": 0}, stats
+    counted = {k: stats[k] for k in ("specializations", "programs", "evictions", "hits")}
+    assert counted == {"specializations": 4, "programs": 4, "evictions": 2, "hits": 0}, stats
     x40 = xs[40].to("spyre")
     compiled(x40)  # still cached
     assert wrapper.shape_cache_stats()["hits"] == 1

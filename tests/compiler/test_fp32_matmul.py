@@ -1,6 +1,7 @@
 """fp32 matmuls honour ``torch.get_float32_matmul_precision()`` (compiler/fp32_matmul.py): "highest" (the
-default) is fp32-accurate through six 16-bit passes; "high"/"medium" take one pass on operands rounded
-to DLFloat16. The passes are programs on the card, so the simulated time says what accuracy costs."""
+default) is fp32-accurate through six 16-bit passes, one matmul kernel over the parts concatenated along
+K; "high"/"medium" take one pass on operands rounded to DLFloat16. The passes are PE work on the card,
+so the simulated time says what accuracy costs."""
 
 from __future__ import annotations
 
@@ -68,15 +69,20 @@ def _matmul_kernels(fn, args):
     return [r for r in prof.events() if r.kind == "kernel" and re.fullmatch(r"spyre_(b?mm|addmm|baddbmm)_\d+", r.name)]
 
 
-def test_highest_costs_six_matmul_passes_in_simulated_time():
+def test_highest_is_one_kernel_doing_six_passes_of_pe_work():
+    """The six part products are one matmul over K six times as long (each pass's K padded to whole
+    sticks: 96 -> 128): one launch, six passes of PE work in the timing model."""
     fn, shapes = CASES["mm"]
     args = [a.to("spyre") for a in _inputs(*shapes)]
     torch.set_float32_matmul_precision("high")
     one = _matmul_kernels(fn, args)
     torch.set_float32_matmul_precision("highest")
     six = _matmul_kernels(fn, args)
-    assert len(one) == 1 and len(six) == 6
-    assert sum(r.duration for r in six) > 3 * sum(r.duration for r in one)
+    assert len(one) == 1 and len(six) == 1
+    (m, k), (_, n) = shapes
+    assert one[0].details["timing"].pe_flops == 2 * m * k * n
+    assert six[0].details["timing"].pe_flops == 6 * 2 * m * 128 * n
+    assert six[0].duration > one[0].duration
 
 
 def test_fp16_matmul_ignores_the_fp32_setting():
@@ -102,3 +108,23 @@ def test_eager_op_follows_the_precision_set_between_calls(monkeypatch):
     fine = (da @ db).cpu()
     assert (fine.double() - exact).abs().max() < 1e-4 < (coarse.double() - exact).abs().max()
     torch.testing.assert_close(fine, a @ b)
+
+
+@pytest.mark.parametrize("name", ["addmm", "baddbmm", "linear"])
+def test_highest_fast_executor_gives_the_checked_bits(name, monkeypatch):
+    """The K-concatenated programs (the parts' kernels, the long-K matmul) run fast after their first,
+    checked launch; TORCH_SPYRE_CHECK=compare runs them both ways and raises on any differing byte."""
+    fn, shapes = CASES[name]
+    args = [a.to("spyre") for a in _inputs(*shapes, seed=3)]
+    fresh()
+    compiled = torch.compile(fn)
+    first = compiled(*args).cpu()  # each program's first launch: checked
+    monkeypatch.setenv("TORCH_SPYRE_CHECK", "compare")
+    second = compiled(*args).cpu()  # fast and checked, compared byte for byte
+    assert torch.equal(first, second)
+    monkeypatch.setenv("TORCH_SPYRE_EAGER", "compile")
+    eager.reset_cache()
+    monkeypatch.setenv("TORCH_SPYRE_CHECK", "0")
+    first = fn(*args).cpu()
+    monkeypatch.setenv("TORCH_SPYRE_CHECK", "compare")
+    torch.testing.assert_close(fn(*args).cpu(), first, rtol=0, atol=0)

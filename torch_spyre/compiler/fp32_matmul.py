@@ -6,9 +6,13 @@ they have no fp32 multiply. PyTorch's convention for fp32 matmuls is the precisi
 - ``"highest"`` (PyTorch's default): fp32-accurate results. Each fp32 operand is split into three
   DLFloat16 parts, ``x = hi + mid + lo`` (each part the DLFloat16 rounding of what the previous ones left,
   so 30 significant bits cover fp32's 24), and the product is the sum of the six part products above
-  2^-30 of the result's scale: hi·hi, hi·mid, mid·hi, hi·lo, lo·hi, mid·mid. Each is one 16-bit matmul
-  with fp32 accumulation; they are summed smallest first. Cost: six matmul passes plus the split (a
-  pointwise pass per operand), all on the card and all in the timing model.
+  2^-30 of the result's scale: hi·hi, hi·mid, mid·hi, hi·lo, lo·hi, mid·mid. The six products are one
+  16-bit matmul over a K six times as long (:func:`k_concatenated`): A's parts side by side along K,
+  B's stacked along K in the matching order, smallest products first, all accumulated in fp32 by the PE
+  arrays of one kernel, whose epilogue (bias, activation, residual) then applies once. Cost: six times
+  the PE work and operand traffic of one pass plus the split (pointwise kernels writing the parts), all
+  on the card and in the timing model; what one kernel saves over six is the five kernels' launches and
+  their fp32 partial results' round trips through device memory, and the kernel summing them.
 - ``"high"`` and ``"medium"``: one pass on the operands rounded once to 16 bits (about 3 decimal digits
   per product, fp32 accumulation): the PE arrays' full rate.
 
@@ -21,6 +25,8 @@ from __future__ import annotations
 import torch
 
 from .._torch import inductor as torch_inductor
+
+STICK_ELEMENTS = 64  # 16-bit values in one 128-byte stick
 
 # Part index pairs (0 = hi, 1 = mid, 2 = lo) of the products each precision sums, largest first.
 PASSES: dict[str, tuple[tuple[int, int], ...]] = {
@@ -53,10 +59,25 @@ def dlfloat16_parts(x, count: int) -> list:
     return parts
 
 
-def sum_smallest_first(terms: list) -> object:
-    """The sum of fp32 IR nodes ``terms`` (largest first), added from the smallest."""
-    add = torch_inductor.lowering_for(torch.ops.aten.add.Tensor)
-    total = terms[-1]
-    for term in reversed(terms[:-1]):
-        total = add(term, total)
-    return total
+def k_concatenated(a, b, passes: tuple[tuple[int, int], ...]) -> tuple:
+    """16-bit IR nodes ``(a2, b2)`` whose product is the sum of ``passes``' part products of fp32 ``a``
+    (``[..., M, K]``) and ``b`` (``[..., K, N]``): ``a2`` is ``[..., M, len(passes) * K]`` with A's part of
+    each pass side by side, ``b2`` ``[..., len(passes) * K, N]`` with B's matching parts stacked. The
+    passes go smallest first along K so that the small products are summed before the large ones. A K
+    that is not a whole number of 16-bit sticks (64 elements) is padded with zeros to one in each pass,
+    so that every part starts on a stick (the concatenation moves whole sticks) and the padding adds
+    only 0 * 0 products; the PE arrays work on K in whole sticks anyway (``codegen/matmul``)."""
+    count = 1 + max(max(p) for p in passes)
+    a_parts, b_parts = dlfloat16_parts(a, count), dlfloat16_parts(b, count)
+    if len(passes) == 1:
+        (i, j), = passes
+        return a_parts[i], b_parts[j]
+    k = a.get_size()[-1]
+    pad = -k % STICK_ELEMENTS if isinstance(k, int) or getattr(k, "is_number", False) else 0
+    if pad:
+        pad_nd = torch_inductor.lowering_for(torch.ops.aten.constant_pad_nd.default)
+        a_parts = [pad_nd(x, [0, int(pad)], 0.0) for x in a_parts]
+        b_parts = [pad_nd(x, [0, 0, 0, int(pad)], 0.0) for x in b_parts]
+    cat = torch_inductor.lowering_for(torch.ops.aten.cat.default)
+    order = list(reversed(passes))
+    return cat([a_parts[i] for i, _ in order], -1), cat([b_parts[j] for _, j in order], -2)

@@ -25,7 +25,9 @@ Nothing here imports Inductor: a cached wrapper runs without compiling.
 from __future__ import annotations
 
 import os
+import re
 import threading
+import weakref
 from collections import Counter, OrderedDict
 from typing import Any
 
@@ -107,8 +109,6 @@ _WHOLE_OP_CACHE_SIZE = 512
 def _whole_op_program(spec: KernelSpec, places: dict[str, Any], config: Any):
     import json
 
-    from ..program import Program
-
     key = (spec.generator, json.dumps(spec.params, sort_keys=True, default=str),
            tuple((b.name, b.dtype, tuple(b.size), tuple(b.stride), b.offset) for b in spec.buffers),
            tuple(sorted(places.items(), key=lambda kv: kv[0])), id(config), generation_key())
@@ -118,6 +118,14 @@ def _whole_op_program(spec: KernelSpec, places: dict[str, Any], config: Any):
         if len(_WHOLE_OP_CACHE) >= _WHOLE_OP_CACHE_SIZE:
             _WHOLE_OP_CACHE.pop(next(iter(_WHOLE_OP_CACHE)))
         _WHOLE_OP_CACHE[key] = program
+    return _program_named(program, spec)
+
+
+def _program_named(program: Any, spec: KernelSpec) -> Any:
+    """``program`` (generated for a kernel of the same content) as ``spec``'s kernel's: its name and the
+    kernel named in its decisions."""
+    from ..program import Program
+
     if program.name == spec.name:
         return program
     meta = dict(program.metadata)
@@ -131,14 +139,15 @@ SHAPE_CACHE_ENV = "TORCH_SPYRE_SHAPE_CACHE_SIZE"
 DEFAULT_SHAPE_CACHE_SIZE = 32
 
 # Over all kernels: "specializations" (symbolic specs made static for new shape values), "programs"
-# (programs generated and prepared), "evictions" (prepared programs dropped by a kernel's LRU), "hits".
+# (programs prepared for a kernel), "shared" (of those, taken from another kernel of the same content),
+# "evictions" (prepared programs dropped by a kernel's LRU), "hits".
 _shape_stats: Counter[str] = Counter()
 
 
 def shape_cache_stats() -> dict[str, int]:
     """Counters of every :class:`SpyreKernel` since the last :func:`reset_shape_cache_stats`."""
     with _fallback_lock:
-        return {k: _shape_stats[k] for k in ("specializations", "programs", "evictions", "hits")}
+        return {k: _shape_stats[k] for k in ("specializations", "programs", "shared", "evictions", "hits")}
 
 
 def reset_shape_cache_stats() -> None:
@@ -287,9 +296,21 @@ class SpyreKernel:
             if key in self._prepared:
                 return self._prepared[key]
             c = cards.card(card)
-            program = self.program_for(places, c.config, values)
-            debug.dump_kernel(self.specialized(values), program)
-            prepared = prepare(program, c)
+            spec = self.specialized(values)
+            names = _local_names(spec)
+            content = (_content_of(spec, names), c.config, _places_content(places, names), key[3])
+            shared = _shared.get(content, c)
+            if shared is not None:  # another kernel of the same content (the same layer of another block)
+                first, first_names = shared
+                rename = dict(zip(first_names, names))  # same content: the same number of names
+                program = _program_named(_with_operands_renamed(first.program, rename), spec)
+                prepared = first.renamed(program)
+                self._note("shared")
+            else:
+                program = self.program_for(places, c.config, values)
+                prepared = prepare(program, c)
+                _shared.put(content, prepared, names)
+            debug.dump_kernel(spec, prepared.program)
             self._note("programs")
             self._prepared[key] = prepared
             while len(self._prepared) > self.cache_size:
@@ -304,6 +325,104 @@ class SpyreKernel:
     def __repr__(self) -> str:
         sym = f", symbolic in {', '.join(self.spec.symbols)}" if self.spec.symbols else ""
         return f"<SpyreKernel {self.name}: {len(self._prepared)} prepared program(s){sym}>"
+
+
+def _local_names(spec: KernelSpec) -> list[str]:
+    """The names a kernel's spec gives its buffers (operands first, in order) and scheduler nodes: the
+    graph numbers them, so the same layer of another block has other ones."""
+    names = [b.name for b in spec.buffers]
+    names += [n for n in spec.internal if n not in names]
+    names += [n.name for n in spec.nodes if n.name not in names]
+    return names
+
+
+def _content_of(spec: KernelSpec, names: list[str]) -> str:
+    """The spec but its name and its buffers' names (each replaced by its position): what a generated
+    program depends on besides placements, card and :func:`generation_key`. A program's name is its
+    kernel's, and its operands are the kernel's buffers by name; nothing else in it comes from names."""
+    from dataclasses import replace
+
+    text = replace(spec, name="").to_json()
+    return _names_pattern(names).sub(lambda m: f"@{names.index(m.group(0))}", text) if names else text
+
+
+def _names_pattern(names: list[str]) -> "re.Pattern[str]":
+    return re.compile(r"(?<![\w.])(?:" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+                      + r")(?![\w.])")
+
+
+def _places_content(places: dict[str, Any], names: list[str]) -> tuple:
+    from dataclasses import replace
+
+    return tuple(sorted((names.index(n), replace(v, name="")) for n, v in places.items()))
+
+
+def _with_operands_renamed(program: Any, rename: dict[str, str]) -> Any:
+    """``program`` with operand ``a`` called ``rename[a]`` everywhere: operands, the DMA instructions'
+    addresses and the names in its metadata (the decisions name the buffers)."""
+    from dataclasses import replace
+
+    from ..program import Addr, DmaGather, DmaLoad, DmaStore, Program
+
+    rename = {a: b for a, b in rename.items() if a != b}
+    if not rename:
+        return program
+    pattern = _names_pattern(list(rename))
+
+    def instruction(ins: Any) -> Any:
+        if isinstance(ins, (DmaLoad, DmaGather)) and ins.src.operand in rename:
+            return replace(ins, src=Addr(rename[ins.src.operand], ins.src.offset))
+        if isinstance(ins, DmaStore) and ins.dst.operand in rename:
+            return replace(ins, dst=Addr(rename[ins.dst.operand], ins.dst.offset))
+        return ins
+
+    def text(value: Any) -> Any:
+        if isinstance(value, str):
+            return pattern.sub(lambda m: rename[m.group(0)], value)
+        if isinstance(value, dict):
+            return {text(k): text(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(text(v) for v in value)
+        return value
+
+    operands = [replace(o, name=rename.get(o.name, o.name)) for o in program.operands]
+    cores = {core: [instruction(i) for i in ins] for core, ins in program.cores.items()}
+    return Program(program.name, operands, cores, text(program.metadata))
+
+
+class _SharedPrograms:
+    """Prepared programs by content, shared by every kernel of that content: a model's repeated blocks
+    compile to kernels that differ only in name (Inductor numbers them), and each would otherwise
+    generate, validate, time and prove (its first, checked launch) the same program again. A kernel
+    launches the shared one under its own names (:meth:`PreparedProgram.renamed`). Entries are weak:
+    a program lives only while a kernel's own LRU keeps it, so ``TORCH_SPYRE_SHAPE_CACHE_SIZE`` still
+    bounds what is kept; an entry prepared for a card since replaced (another configuration) is not used."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._entries: OrderedDict[tuple, tuple[Any, list[str]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, content: tuple, card: Any) -> tuple[Any, list[str]] | None:
+        """(the prepared program, its kernel's local names), if one is alive and prepared for ``card``."""
+        with self._lock:
+            entry = self._entries.get(content)
+            prepared = entry[0]() if entry is not None else None
+            if prepared is None or prepared.card is not card:
+                if entry is not None and prepared is None:
+                    del self._entries[content]
+                return None
+            self._entries.move_to_end(content)
+            return prepared, entry[1]
+
+    def put(self, content: tuple, prepared: Any, names: list[str]) -> None:
+        with self._lock:
+            self._entries[content] = (weakref.ref(prepared), names)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+
+_shared = _SharedPrograms(1024)
 
 
 def walks_allocation_dims(t: torch.Tensor) -> bool:

@@ -94,22 +94,13 @@ def _lower_matmul(kind: str):
             inputs = [_matmul_operand(torch_inductor.realize_input(a)) for a in args[:n_in]]
             return _matmul_extern(kind, roles, inputs, alpha, beta, out_dtype, {})
         # fp32: the PE arrays multiply 16-bit parts of the operands (fp32_matmul.py): one pass, or six
-        # for fp32-accurate results; the first pass carries the bias, every pass alpha.
+        # for fp32-accurate results, as one matmul over the parts concatenated along K.
         passes = fp32_matmul.passes()
-        count = 1 + max(max(p) for p in passes)
-        a_parts, b_parts = (fp32_matmul.dlfloat16_parts(x, count) for x in args[n_in - 2:n_in])
-        bias = [_matmul_operand(torch_inductor.realize_input(args[0]))] if n_in == 3 else []
-        note = {"note": f"fp32 operands as {count} DLFloat16 part(s) for the PE arrays, {len(passes)} pass(es) "
-                        f"(float32_matmul_precision={fp32_matmul.precision()!r}); fp32 accumulation and output"}
-        terms = []
-        for n, (i, j) in enumerate(passes):
-            a, b = _matmul_operand(a_parts[i]), _matmul_operand(b_parts[j])
-            if n == 0:
-                terms.append(_matmul_extern(kind, roles, [*bias, a, b], alpha, beta, out_dtype, note))
-            else:
-                plain = {"addmm": "mm", "baddbmm": "bmm"}.get(kind, kind)
-                terms.append(_matmul_extern(plain, ["a", "b"], [a, b], alpha, 1, out_dtype, note))
-        return fp32_matmul.sum_smallest_first(terms)
+        a, b = fp32_matmul.k_concatenated(*args[n_in - 2:n_in], passes)
+        inputs = [_matmul_operand(torch_inductor.realize_input(x)) for x in (*args[:n_in - 2], a, b)]
+        note = {"note": f"fp32 operands as DLFloat16 parts for the PE arrays, {len(passes)} pass(es) concatenated "
+                        f"along K (float32_matmul_precision={fp32_matmul.precision()!r}); fp32 accumulation and output"}
+        return _matmul_extern(kind, roles, inputs, alpha, beta, out_dtype, note)
 
     return lower
 
@@ -125,8 +116,8 @@ def _matmul_extern(kind: str, roles: list[str], inputs: list, alpha, beta, out_d
 def _lower_matmul_epilogue(a, b, bias, residual, activation, alpha, beta, note: str | None = None):
     """``spyre::matmul_epilogue`` (``epilogue.py``'s rewrite of a matmul and the bias, activation and
     residual after it) -> one matmul kernel that applies them to the fp32 accumulator before its one
-    rounding. fp32 operands at a precision of several passes (``fp32_matmul.py``) sum the passes in a
-    pointwise kernel; the activation and residual then join that kernel instead."""
+    rounding. fp32 operands are multiplied as 16-bit parts concatenated along K (``fp32_matmul.py``), so
+    the epilogue stays in the kernel at every precision."""
     from . import fp32_matmul
 
     batched = len(a.get_size()) == 3
@@ -140,33 +131,11 @@ def _lower_matmul_epilogue(a, b, bias, residual, activation, alpha, beta, note: 
     out_dtype = a.get_dtype()
     addends = [x for x in (bias, residual) if x is not None]
     roles = (["bias"] if bias is not None else []) + (["residual"] if residual is not None else []) + ["a", "b"]
-    passes = fp32_matmul.passes() if out_dtype == torch.float32 else ((0, 0),)
-    if out_dtype != torch.float32 or len(passes) == 1:
-        if out_dtype == torch.float32:  # one pass on the operands rounded to 16 bits
-            a, b = (fp32_matmul.dlfloat16_parts(x, 1)[0] for x in (a, b))
-        inputs = [_matmul_operand(torch_inductor.realize_input(x)) for x in (*addends, a, b)]
-        params["activation"] = activation
-        return _matmul_extern(kind, roles, inputs, alpha, beta, out_dtype, params, label)
-    # Several passes: the bias rides the first one; the activation and residual follow the sum.
-    count = 1 + max(max(p) for p in passes)
-    a_parts, b_parts = (fp32_matmul.dlfloat16_parts(x, count) for x in (a, b))
-    note = {"note": f"fp32 operands as {count} DLFloat16 parts, {len(passes)} passes "
-                    f"(float32_matmul_precision={fp32_matmul.precision()!r}); the epilogue after their sum"}
-    terms = []
-    for n, (i, j) in enumerate(passes):
-        pa, pb = _matmul_operand(a_parts[i]), _matmul_operand(b_parts[j])
-        if n == 0 and bias is not None:
-            terms.append(_matmul_extern(kind, ["bias", "a", "b"], [_matmul_operand(torch_inductor.realize_input(bias)),
-                                                                    pa, pb], alpha, beta, out_dtype, note))
-        else:
-            plain = "bmm" if batched else "mm"
-            terms.append(_matmul_extern(plain, ["a", "b"], [pa, pb], alpha, 1, out_dtype, note))
-    out = fp32_matmul.sum_smallest_first(terms)
-    if activation:
-        out = _activation_ir(activation, out)
-    if residual is not None:
-        out = torch_inductor.lowering_for(torch.ops.aten.add.Tensor)(out, residual)
-    return out
+    if out_dtype == torch.float32:  # the PE arrays multiply 16-bit parts, concatenated along K
+        a, b = fp32_matmul.k_concatenated(a, b, fp32_matmul.passes())
+    inputs = [_matmul_operand(torch_inductor.realize_input(x)) for x in (*addends, a, b)]
+    params["activation"] = activation
+    return _matmul_extern(kind, roles, inputs, alpha, beta, out_dtype, params, label)
 
 
 def _lower_fused_mlp(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation):

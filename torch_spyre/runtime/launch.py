@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Union
 
 import numpy as np
@@ -115,6 +115,16 @@ class PreparedProgram:
     def duration(self) -> float:
         """Simulated seconds one launch occupies the card's cores."""
         return float(self.timing.total_s)
+
+    def renamed(self, program: Program) -> "PreparedProgram":
+        """This prepared program launched as ``program``: the same instructions, its operands in the same
+        order, under other names (a kernel of the same content). It shares the executor (a program proved
+        once stays proved; its errors name the first program's operands), the patch table, the address
+        arrays and their lock; bindings, timing and launch details use the new names."""
+        timing = replace(self.timing, program_name=program.name)
+        names = tuple(o.name for o in program.operands)
+        return replace(self, program=program, timing=timing, operand_names=names,
+                       kernel_details=_kernel_details(program, timing), launches=0)
 
     def __repr__(self) -> str:
         return (f"<PreparedProgram {self.name!r} on spyre:{self.card.index}: {len(self.operand_names)} operands, "
