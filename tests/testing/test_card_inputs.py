@@ -42,6 +42,8 @@ def test_a_bf16_value_beyond_dlfloat16s_range_matches_the_nan_the_card_returns()
     assert held[2].item() == expected[2].item()  # 8.0e9 is finite in DLFloat16: NaN there is wrong
     with pytest.raises(AssertionError):
         torch.testing.assert_close(card, held, equal_nan=True)
+    scalar = as_card_result(torch.tensor(2.0, dtype=torch.bfloat16), torch.tensor(2.0, dtype=torch.bfloat16))
+    assert scalar.shape == () and scalar.item() == 2.0  # a 0-dim reference keeps its shape
     finite = torch.tensor([1.0, 1.0, 8.0e9, 3.0], dtype=torch.bfloat16)  # a finite result for 5.6e12 is wrong
     with pytest.raises(AssertionError):
         torch.testing.assert_close(finite, as_card_result(expected, finite), equal_nan=True)

@@ -31,8 +31,9 @@ def as_stored(tree, device):
 def _beyond_dlfloat16(t: torch.Tensor) -> torch.Tensor:
     """Where a finite value overflows DLFloat16 (rounds above its largest finite, 8.573e9; only bf16 has such
     values): the card stores its NaN/Inf code there, as it stores an infinity."""
-    bits = dlfloat16.from_float32(t.detach().float().numpy())
-    return torch.from_numpy((bits & 0x7FFF) == dlfloat16.SPECIAL) & t.isfinite()
+    bits = dlfloat16.from_float32(t.detach().float().numpy()).astype("int32")
+    codes = torch.from_numpy(bits).reshape(t.shape)  # a 0-dim array comes back 1-dim
+    return ((codes & 0x7FFF) == dlfloat16.SPECIAL) & t.isfinite()
 
 
 def as_card_result(expected, actual):
