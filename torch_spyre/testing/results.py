@@ -93,13 +93,17 @@ def write(path: Path, outcomes: list[Any], command: list[str], torch_version: st
         run["pruned"] = len(data["records"]) - len(kept)
     data["runs"].append(run)
     data["records"] = dict(sorted({**kept, **new}.items()))
+    dump(path, data)
+    return data
+
+
+def dump(path: Path, data: dict) -> None:
+    """Write a results file, one record a line: diffs of the committed file show which tests changed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    # one record a line: diffs of the committed file show which tests changed
     lines = [f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in data["records"].items()]
     head = {k: v for k, v in data.items() if k != "records"}
     text = json.dumps(head, indent=1, sort_keys=True)[:-2] + ',\n "records": {\n' + ",\n".join(lines) + "\n }\n}\n"
     path.write_text(text)
-    return data
 
 
 # --- the document -------------------------------------------------------------------------------------------
