@@ -73,6 +73,18 @@ def _refuse_sparse(*args, **kwargs):
     dtypes.check_layout(torch.sparse_coo, "a copy of a sparse tensor")
 
 
+def _refuse_sparse_compressed(op, *args, **kwargs):
+    """A sparse compressed (CSR, CSC, BSR, BSC) tensor reaches the card: ``csr_cpu.to('spyre')`` copies its
+    index and value tensors to the card in a CPU kernel spyre cannot intercept. Every op on it, reading it
+    back included, is refused with the card's clear error (torch's own errors name layouts, not the card)."""
+    from . import dtypes
+
+    layout = next((a.layout for a in args if isinstance(a, torch.Tensor) and a.layout != torch.strided),
+                  torch.sparse_csr)
+    dtypes.check_layout(layout, "a copy of a sparse tensor" if op == torch.ops.aten._to_copy.default
+                        else f"an argument of {op}")
+
+
 # Ops whose CPU kernels only edit sizes/strides/offset of a tensor sharing the storage.
 METADATA_OPS = ("view", "as_strided", "_reshape_alias", "alias", "unfold")
 
@@ -110,6 +122,10 @@ def register() -> None:
         aten.impl("_pin_memory", _forward("_pin_memory"), "CPU")  # pinning for spyre (see kernels.py)
         catch_all = torch.library.Library("_", "IMPL")
         catch_all.fallback(_fallback, "PrivateUse1")
+        catch_all.fallback(_refuse_sparse_compressed, "SparseCsrPrivateUse1")
+        # _to_copy (.cpu()) has a composite kernel, which a backend fallback does not replace
+        aten.impl("_to_copy", lambda *a, **k: _refuse_sparse_compressed(torch.ops.aten._to_copy.default, *a, **k),
+                  "SparseCsrPrivateUse1")
         _libraries.extend([aten, catch_all])
 
         from . import norm_stats, rnn_cells, sdpa, serialization, torch_patches
