@@ -59,7 +59,12 @@ def test_sparse_layouts_are_refused_and_leave_the_card_as_it_was(mode, monkeypat
     base = settled()
     for op, layout in ((lambda: a.to_sparse(), "sparse_coo"), (lambda: a.to_sparse(1), "sparse_coo"),
                        (lambda: a.to_sparse_csr(), "sparse_csr"),
-                       (lambda: torch.ones(2, 2).to_sparse().to("spyre"), "sparse_coo")):
+                       (lambda: torch.ones(2, 2).to_sparse().to("spyre"), "sparse_coo"),
+                       # compressed layouts copied from the host (a CPU kernel copies their parts to the card)
+                       (lambda: torch.eye(3).to_sparse_csr().to("spyre"), "sparse_csr"),
+                       (lambda: torch.zeros(0, 5).to_sparse_csr().to("spyre"), "sparse_csr"),
+                       (lambda: torch.eye(3).to_sparse_csc().to("spyre"), "sparse_csc"),
+                       (lambda: torch.eye(4).to_sparse_bsr((2, 2)).to("spyre"), "sparse_bsr")):
         with pytest.raises(TypeError, match=rf"cannot hold {layout} tensors .*only dense, strided tensors.*"
                                             r"x\.cpu\(\)\.to_sparse\(\)"):
             op()

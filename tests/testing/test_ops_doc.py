@@ -20,11 +20,37 @@ def test_the_doc_is_rendered_from_the_shipped_records():
     assert DOC.read_text() == results.render(results.load(results.SHIPPED_RESULTS))
 
 
-def _outcome(op, dtype, mode, raw, template="compare_cpu", entry="full.yaml entry 1", reason="", message=""):
+def _outcome(op, dtype, mode, raw, template="compare_cpu", entry="full.yaml entry 1", reason="", message="",
+             suite="opinfo-full", source="builtin:opinfo"):
     method = f"test_{template}_{op}_spyre_{dtype}"
-    test = Collected(f"builtin:opinfo::TestSpyreOpsPRIVATEUSE1.{method}", "builtin:opinfo", "TestSpyreOpsPRIVATEUSE1",
+    test = Collected(f"{source}::TestSpyreOpsPRIVATEUSE1.{method}", source, "TestSpyreOpsPRIVATEUSE1",
                      method, f"test_{template}", op, dtype)
-    return Outcome(Planned(test, mode, reason, entry=entry), raw, message)
+    return Outcome(Planned(test, mode, reason, entry=entry, suite=suite), raw, message)
+
+
+def test_a_run_prunes_records_its_suite_and_source_no_longer_hold(tmp_path):
+    """A renamed or removed test (or one that left the suite's tier) loses its record when a run of the same
+    suite and source writes the file, also when --only did not run it; other suites' and sources' records stay."""
+    path = tmp_path / "r.json"
+    old = [_outcome("add", "float32", "mandatory_success", "passed"),
+           _outcome("renamed_op", "float32", "mandatory_success", "failed", message="AssertionError: stale"),
+           _outcome("mul", "float32", "mandatory_success", "passed"),  # still in scope, not run below
+           _outcome("smoke_only", "float32", "mandatory_success", "passed", suite="opinfo-smoke"),
+           _outcome("renamed_op", "float32", "mandatory_success", "passed", source="builtin:module_info")]
+    results.write(path, old, ["spyre-tests", "run", "a"], "2.13.0")
+    assert len(results.load(path)["records"]) == 5
+    ids = [o.planned.test.id for o in old]
+    scope = {("opinfo-full", "builtin:opinfo"): {ids[0], ids[2]}}  # what the run collected, before --only
+    results.write(path, [_outcome("add", "float32", "mandatory_success", "failed", message="AssertionError: x")],
+                  ["spyre-tests", "run", "b"], "2.13.0", scope)
+    data = results.load(path)
+    assert set(data["records"]) == {ids[0], ids[2], ids[3], ids[4]}
+    assert data["records"][ids[0]]["outcome"] == "unexpected failure" and data["records"][ids[0]]["suite"] == "opinfo-full"
+    assert data["runs"][-1] == {"command": "spyre-tests run b", "records": 1, "pruned": 1}
+    assert "(1 records; 1 stale records pruned)" in results.render(data)
+    # a record that names no suite (written before records named theirs) is never pruned
+    data["records"][ids[2]].pop("suite")
+    assert ids[2] in results.prune(data["records"], {("opinfo-full", "builtin:opinfo"): set()})
 
 
 def test_records_merge_by_test_and_render_rates_cells_and_reasons(tmp_path):

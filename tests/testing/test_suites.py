@@ -183,6 +183,31 @@ def test_run_an_upstream_style_file_with_a_crash_xfails_tolerances_and_junit(tmp
 
 
 @pytest.mark.slow
+def test_a_sampled_run_prunes_stale_records_of_its_suite_from_the_results_file(tmp_path):
+    """--only runs one test; the results file loses the record of a test the source no longer has and keeps
+    the in-scope tests the sample did not run."""
+    shutil.copy(DATA / "upstream_style.py", tmp_path / "upstream_style.py")
+    shutil.copy(DATA / "suite.yaml", tmp_path / "suite.yaml")
+    cls = "file:upstream_style.py::TestUpstreamStylePRIVATEUSE1"
+    record = {"source": "file:upstream_style.py", "suite": "upstream-style", "template": "add", "op": None,
+              "dtype": "float32", "mode": "mandatory_success", "outcome": "passed", "why": ""}
+    old = {f"{cls}.test_renamed_spyre": record, f"{cls}.test_after_crash_spyre": record,
+           f"{cls}.test_other_suite_spyre": {**record, "suite": "another"}}
+    results_file = tmp_path / "r.json"
+    import torch
+
+    results_file.write_text(json.dumps({"format_version": 1, "runs": [], "torch_version": torch.__version__,
+                                        "records": old}))
+    (tmp_path / "only.txt").write_text(f"{cls}.test_add_spyre_float32\n")
+    r = _run_cli(["run", "suite.yaml", "--only", "only.txt", "--results", str(results_file), "--jobs", "1"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(results_file.read_text())
+    assert set(data["records"]) == {f"{cls}.test_add_spyre_float32", f"{cls}.test_after_crash_spyre",
+                                    f"{cls}.test_other_suite_spyre"}
+    assert data["runs"][-1]["pruned"] == 1
+
+
+@pytest.mark.slow
 def test_an_unexpected_failure_and_an_unexpected_pass_exit_1(tmp_path):
     shutil.copy(DATA / "upstream_style.py", tmp_path / "upstream_style.py")
     text = (DATA / "suite.yaml").read_text()

@@ -73,6 +73,18 @@ def _refuse_sparse(*args, **kwargs):
     dtypes.check_layout(torch.sparse_coo, "a copy of a sparse tensor")
 
 
+def _refuse_sparse_compressed(op, *args, **kwargs):  # op: None for the copy
+    """A sparse compressed (CSR, CSC, BSR, BSC) tensor on the card: refused with the card's clear error.
+    ``csr_cpu.to('spyre')`` is a CPU kernel that copies the parts to the card and builds the tensor there;
+    it then reaches this key, so the copy is refused (without it the copy succeeded and reading the tensor
+    back failed with torch's "col_indices expected sparse row compressed tensor layout")."""
+    from . import dtypes
+
+    layout = next((a.layout for a in args if isinstance(a, torch.Tensor) and a.layout != torch.strided),
+                  torch.sparse_csr)
+    dtypes.check_layout(layout, "a copy of a sparse tensor" if op is None else f"an argument of {op}")
+
+
 # Ops whose CPU kernels only edit sizes/strides/offset of a tensor sharing the storage.
 METADATA_OPS = ("view", "as_strided", "_reshape_alias", "alias", "unfold")
 
@@ -116,6 +128,9 @@ def register() -> None:
         aten.impl("_pin_memory", _forward("_pin_memory"), "CPU")  # pinning for spyre (see kernels.py)
         catch_all = torch.library.Library("_", "IMPL")
         catch_all.fallback(_fallback, "PrivateUse1")
+        catch_all.fallback(_refuse_sparse_compressed, "SparseCsrPrivateUse1")
+        # _to_copy (.cpu()) has a composite kernel, which a backend fallback does not replace
+        aten.impl("_to_copy", lambda *a, **k: _refuse_sparse_compressed(None, *a, **k), "SparseCsrPrivateUse1")
         _libraries.extend([aten, catch_all])
 
         sdpa.register()  # traced SDPA on spyre -> spyre::flash_attention (see sdpa.py)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .._torch import testing as seam
+from ..card import dlfloat16
 from ..device.dtypes import dlfloat16_emulation
 from .opinfo_templates import DEVICE_DTYPES
 
@@ -27,13 +28,24 @@ def as_stored(tree, device):
                          else t, tree)
 
 
+def _beyond_dlfloat16(t: torch.Tensor) -> torch.Tensor:
+    """Where a finite value overflows DLFloat16 (rounds above its largest finite, 8.573e9; only bf16 has such
+    values): the card stores its NaN/Inf code there, as it stores an infinity."""
+    bits = dlfloat16.from_float32(t.detach().float().numpy()).astype("int32")
+    codes = torch.from_numpy(bits).reshape(t.shape)  # a 0-dim array comes back 1-dim
+    return ((codes & 0x7FFF) == dlfloat16.SPECIAL) & t.isfinite()
+
+
 def as_card_result(expected, actual):
-    """The CPU reference as the card can return it: a 16-bit infinity where the card returned NaN is NaN.
+    """The CPU reference as the card can return it: a 16-bit infinity, or a bf16 value beyond DLFloat16's
+    range, where the card returned NaN is NaN.
 
     DLFloat16 has one code for NaN and infinity, which reads back as NaN (docs/numerics.md): an infinite
-    result is NaN on the card. A result beyond fp16's range that DLFloat16 holds finite reads back as inf,
-    as on the CPU, so the same infinity is accepted too. ``actual`` is the card's result on the CPU; NaN
-    equals NaN in the comparison, and a NaN where the CPU gives a finite value still fails."""
+    result is NaN on the card, and so is a finite bf16 result above DLFloat16's largest finite (its overflow
+    gives the same code; e.g. polygamma near a pole, 5.6e12 on the CPU). A result beyond fp16's range that
+    DLFloat16 holds finite reads back as inf, as on the CPU, so the same infinity is accepted too.
+    ``actual`` is the card's result on the CPU; NaN equals NaN in the comparison, and a NaN where the CPU
+    gives a value DLFloat16 holds finite still fails."""
     got, want = seam.tree_leaves(actual), seam.tree_leaves(expected)
     if not dlfloat16_emulation() or len(got) != len(want):
         return expected
@@ -43,7 +55,7 @@ def as_card_result(expected, actual):
         a = next(returned)
         if (isinstance(e, torch.Tensor) and e.dtype in (torch.float16, torch.bfloat16)
                 and isinstance(a, torch.Tensor) and a.shape == e.shape and a.is_floating_point()):
-            return e.masked_fill(e.isinf() & a.isnan(), float("nan"))
+            return e.masked_fill((e.isinf() | _beyond_dlfloat16(e)) & a.isnan(), float("nan"))
         return e
 
     return seam.tree_map(held, expected)
@@ -62,6 +74,16 @@ def noncontiguous_on(tree, device):
     return seam.tree_map(view, tree)
 
 
-def refused(e: Exception) -> bool:
-    """Whether ``e`` is the card refusing a dtype it cannot hold."""
-    return isinstance(e, TypeError) and REFUSED in str(e)
+def refused(e: BaseException | None) -> bool:
+    """Whether ``e`` is the card refusing a dtype it cannot hold (eager: the device's TypeError), or the
+    compiler refusing to compute in one (its UnsupportedDtypeError, which a compile raises wrapped in
+    Dynamo's and Inductor's errors: the chain of causes is searched)."""
+    from ..compiler.kernel_spec import UnsupportedDtypeError
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, UnsupportedDtypeError) or (isinstance(e, TypeError) and REFUSED in str(e)):
+            return True
+        e = e.__cause__ or e.__context__ or getattr(e, "inner_exception", None)
+    return False

@@ -67,7 +67,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.junit:
         write_junit(result, Path(args.junit))
     if args.results:
-        write_results(Path(args.results), result.outcomes, ["spyre-tests", *args.argv], torch.__version__)
+        write_results(Path(args.results), result.outcomes, ["spyre-tests", *args.argv], torch.__version__,
+                      result.scope)
     return result.exit_code
 
 

@@ -68,7 +68,13 @@ class TestSpyreOps(seam.device_test_case()):
     def _run_samples(self, device, dtype, op, samples, place):
         ran, refused_msg = 0, None
         for i, s in enumerate(samples):
-            ref = self._reference(device, op, s, dtype)
+            try:
+                ref = self._reference(device, op, s, dtype)
+            except Exception as e:  # noqa: BLE001 - the card refused an input (its round trip)
+                if refused(e):
+                    refused_msg = str(e).splitlines()[0]
+                    continue
+                raise
             if ref is None:
                 continue
             args = place((s.input, *s.args, s.kwargs), device)

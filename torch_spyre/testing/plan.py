@@ -37,6 +37,7 @@ class Planned:
     atol: float | None = None
     rtol: float | None = None
     entry: str = ""  # "suite.yaml entry 3" or "unlisted"
+    suite: str = ""  # the name of the suite that planned it (result records are pruned per suite and source)
 
     def to_json(self) -> dict:
         return {**asdict(self), "test": asdict(self.test)}
@@ -74,9 +75,14 @@ def plan_source(suite: Suite, source: Source, tests: Iterable[Collected], where:
         elif t.dtype is not None and t.dtype not in suite.supported_dtypes and not explicit:
             mode, reason = "skip", f"dtype {t.dtype} is not among the suite's supported_dtypes"
         tol = _tolerance(suite, entry, t.dtype)
-        out.append(Planned(t, mode, reason, tol.atol if tol else None, tol.rtol if tol else None, label))
+        out.append(Planned(t, mode, reason, tol.atol if tol else None, tol.rtol if tol else None, label, suite.name))
     stale = [i for i in range(len(source.tests)) if i not in used]
     return out, stale
+
+
+def in_scope(p: Planned) -> bool:
+    """Whether a planned test belongs to its suite's results: anything but an unlisted skip (another tier's)."""
+    return not (p.mode == "skip" and p.entry == "unlisted")
 
 
 def warn_stale(source: Source, stale: list[int], where: str) -> list[str]:

@@ -4,7 +4,10 @@ A results file is JSON: its format version, the torch version, the runs that wro
 test count) and one record per test that ran or that an entry skipped (template, op, dtype, mode, outcome
 under the suite's modes, and why, for anything but a pass). Tests outside the run (another tier's, or an
 unlisted ``skip``) get no record. Writing into an existing file replaces the records of the tests this run
-ran and keeps the others, so sampled runs add up; the full tier rewrites every record it runs.
+ran and keeps the others, so sampled runs add up; the full tier rewrites every record it runs. A record of
+a suite and source the run collected whose test is no longer in that suite's scope (renamed or removed
+upstream, or now outside the suite's tier) is pruned, whether or not ``--only`` ran it: records name their
+suite, so a smoke run never prunes the full tier's records.
 
 ``spyre-tests ops-doc FILE`` renders the records as docs/supported-ops.md: pass rates per source, template
 and dtype, then a row per OpInfo op and per ModuleInfo module with each template and dtype's outcome, and
@@ -19,6 +22,8 @@ import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from .plan import in_scope
 
 FORMAT_VERSION = 1
 SHIPPED_RESULTS = Path(__file__).with_name("results") / "full-tier.json"
@@ -38,12 +43,12 @@ def records(outcomes: list[Any]) -> dict[str, dict]:
     out = {}
     for o in outcomes:
         p = o.planned
-        if p.mode == "skip" and p.entry == "unlisted":
+        if not in_scope(p):
             continue  # outside this suite's scope (another tier): nothing was learned about it
         category = o.category
         out[p.test.id] = {
-            "source": p.test.source, "template": p.test.base.removeprefix("test_"), "op": p.test.op,
-            "dtype": p.test.dtype, "mode": p.mode, "outcome": category,
+            "source": p.test.source, "suite": p.suite, "template": p.test.base.removeprefix("test_"),
+            "op": p.test.op, "dtype": p.test.dtype, "mode": p.mode, "outcome": category,
             "why": "" if category == "passed" else " ".join(o.why.split())[:300],
         }
     return out
@@ -67,21 +72,38 @@ def check_writable(path: Path, torch_version: str) -> dict:
     return data
 
 
-def write(path: Path, outcomes: list[Any], command: list[str], torch_version: str) -> dict:
-    """Merge a run's records into ``path`` (created if missing); returns what was written."""
+def prune(recs: dict[str, dict], scope: dict[tuple[str, str], set[str]]) -> dict[str, dict]:
+    """``recs`` without the stale ones: a record whose (suite, source) ``scope`` covers but whose test it does
+    not hold. Records of other suites or sources, and records that name no suite, are kept."""
+    return {k: r for k, r in recs.items()
+            if (r.get("suite"), r["source"]) not in scope or k in scope[(r.get("suite"), r["source"])]}
+
+
+def write(path: Path, outcomes: list[Any], command: list[str], torch_version: str,
+          scope: dict[tuple[str, str], set[str]] | None = None) -> dict:
+    """Merge a run's records into ``path`` (created if missing), pruning the records ``scope`` (the run's
+    ``RunResult.scope``) says are stale; returns what was written."""
     path = Path(path)
     data = check_writable(path, torch_version)
     new = records(outcomes)
+    kept = prune(data["records"], scope or {})
     data["torch_version"] = torch_version
-    data["runs"].append({"command": " ".join(command), "records": len(new)})
-    data["records"] = dict(sorted({**data["records"], **new}.items()))
+    run = {"command": " ".join(command), "records": len(new)}
+    if len(kept) < len(data["records"]):
+        run["pruned"] = len(data["records"]) - len(kept)
+    data["runs"].append(run)
+    data["records"] = dict(sorted({**kept, **new}.items()))
+    dump(path, data)
+    return data
+
+
+def dump(path: Path, data: dict) -> None:
+    """Write a results file, one record a line: diffs of the committed file show which tests changed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    # one record a line: diffs of the committed file show which tests changed
     lines = [f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in data["records"].items()]
     head = {k: v for k, v in data.items() if k != "records"}
     text = json.dumps(head, indent=1, sort_keys=True)[:-2] + ',\n "records": {\n' + ",\n".join(lines) + "\n }\n}\n"
     path.write_text(text)
-    return data
 
 
 # --- the document -------------------------------------------------------------------------------------------
@@ -109,7 +131,8 @@ def _rate(c: Counter) -> str:
 def render(data: dict) -> str:
     recs = data["records"]
     lines = [HEADER, f"torch {data['torch_version']}; {len(recs)} records, from these runs (oldest first):", ""]
-    lines += [f"- `{r['command']}` ({r['records']} records)" for r in data["runs"]]
+    lines += [f"- `{r['command']}` ({r['records']} records"
+              + (f"; {r['pruned']} stale records pruned" if r.get("pruned") else "") + ")" for r in data["runs"]]
     lines += ["", "## Pass rates", "", "| source | template | dtype | passed | xfailed | unexpected failure | "
               "unexpected pass | skipped | pass rate |", "|---|---|---|---|---|---|---|---|---|"]
     counts: dict[tuple, Counter] = {}

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
-from .plan import Collected, Planned, StaleEntryWarning, plan_source, warn_stale
+from .plan import Collected, Planned, StaleEntryWarning, in_scope, plan_source, warn_stale
 from .suite import Source, Suite, SuiteError, load_suite
 
 SHIPPED_CONFIGS = Path(__file__).with_name("configs")
@@ -94,6 +94,9 @@ class RunResult:
     outcomes: list[Outcome] = field(default_factory=list)
     stale: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    # (suite name, source) -> the ids of every test of it that has a result record when it runs, whatever
+    # --only chose: a record of that suite and source outside this set is stale (results.write prunes it)
+    scope: dict[tuple[str, str], set[str]] = field(default_factory=dict)
 
     def counts(self) -> Counter:
         return Counter(o.category for o in self.outcomes)
@@ -219,6 +222,8 @@ def run_suites(config_paths: list[Path], options: RunOptions, progress=None) -> 
                     warnings.simplefilter("always", StaleEntryWarning)
                     result.stale += warn_stale(source, stale, str(path))
                 planned += plan
+                result.scope.setdefault((suite.name, source.source), set()).update(
+                    p.test.id for p in plan if in_scope(p))
         if options.only is not None:
             planned = [p for p in planned if p.test.id in options.only]
         to_run = [p for p in planned if p.mode != "skip"]
