@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from .._torch import inductor as torch_inductor
+from ..device import sdpa
 from .access import walks_dims
 
 DEVICE = "spyre"
@@ -71,10 +72,12 @@ def _spyre_lowering(original, lower_fn, name: str):
     return lower
 
 
-def _extern(generator: str, label: str, roles: list[str], inputs, size, dtype, params):
-    stride = [1] * len(size)
-    for d in range(len(size) - 2, -1, -1):
-        stride[d] = stride[d + 1] * size[d + 1]
+def _extern(generator: str, label: str, roles: list[str], inputs, size, dtype, params, stride=None):
+    """One whole-op kernel writing a fresh buffer of ``size`` (row-major, or ``stride`` when given)."""
+    if stride is None:
+        stride = [1] * len(size)
+        for d in range(len(size) - 2, -1, -1):
+            stride[d] = stride[d + 1] * size[d + 1]
     layout = torch_inductor.fixed_layout(inputs[-1].get_device(), dtype, list(size), stride)
     return torch_inductor.tensor_box(_make_extern_node.cls(layout, inputs, generator, roles, params, label))
 
@@ -524,11 +527,32 @@ def _lower_flash_attention(query, key, value, attn_mask=None, is_causal=False, s
         inputs.append(_attention_operand(attn_mask))
         roles.append("attn_mask")
     B, Hq, Lq, _ = q.get_size()
-    size = [B, Hq, Lq, v.get_size()[-1]]
+    Dv = v.get_size()[-1]
+    size = [B, Hq, Lq, Dv]
     params = {"is_causal": bool(is_causal), "scale": None if scale is None else float(scale),
               "enable_gqa": bool(enable_gqa), "attn_mask": "attn_mask" if attn_mask is not None else None,
               "kind": "attention"}
-    return _extern("attention", "sdpa", roles, inputs, size, q.get_dtype(), params)
+    # As the meta kernel laid it out (device/sdpa.py): heads interleaved ([B, Lq, Hq, Dv] underneath) when
+    # the generator can store that, so merging the heads back afterwards is a view, not a copy kernel.
+    views = [_static_view(x) for x in (q, k, v)]
+    if None in views or not sdpa.heads_interleaved_out(views, q.get_dtype().itemsize):
+        return _extern("attention", "sdpa", roles, inputs, size, q.get_dtype(), params)
+    # The kernel writes a [B, Lq, Hq * Dv] buffer (allocated, and sticked, as one row of Hq * Dv per token:
+    # heads of Dv < 64 share sticks, which the generator stores from tiles holding all of a stick's heads)
+    # and the op's result is its [B, Hq, Lq, Dv] view.
+    params["out_heads"] = int(Hq)
+    merged = _extern("attention", "sdpa", roles, inputs, [B, Lq, Hq * Dv], q.get_dtype(), params)
+    split = torch_inductor.lowering_for(torch.ops.aten.view.default)(merged, [B, Lq, Hq, Dv])
+    return torch_inductor.permute(split, [0, 2, 1, 3])
+
+
+def _static_view(x) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+    """(sizes, strides, storage offset) of an IR view as ints, None when any is symbolic."""
+    try:
+        return (tuple(int(n) for n in x.get_size()), tuple(int(n) for n in x.get_stride()),
+                int(x.get_layout().offset))
+    except (TypeError, ValueError, AttributeError, NotImplementedError):
+        return None
 
 
 def _attention_operand(x):
