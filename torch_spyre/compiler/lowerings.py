@@ -172,6 +172,26 @@ def _lower_matmul_epilogue(a, b, bias, residual, activation, alpha, beta, note: 
     return out
 
 
+def _lower_matmul_group(a, b, bias):
+    """``spyre::matmul_group`` (``matmul_group.py``'s rewrite of matmuls reading one input) -> one kernel of
+    the "matmul_group" generator (``codegen/matmul/group.py``) writing the members' outputs side by side."""
+    a = _matmul_operand(torch_inductor.realize_input(a))
+    inputs, roles, members, offset = [a], ["a"], [], 0
+    for i, (w, c) in enumerate(zip(b, bias)):
+        inputs.append(_matmul_operand(torch_inductor.realize_input(w)))
+        roles.append(f"b{i}")
+        if c is not None:
+            inputs.append(_matmul_operand(torch_inductor.realize_input(c)))
+            roles.append(f"bias{i}")
+        n = int(w.get_size()[-1])
+        members.append({"b": f"b{i}", "bias": f"bias{i}" if c is not None else None, "offset": offset})
+        offset += n
+    kind = "addmm" if all(c is not None for c in bias) else "mm"
+    size = [*a.get_size()[:-1], offset]
+    params = {"kind": "matmul_group", "members": members, "optimization": "matmul_group"}
+    return _extern("matmul_group", f"{kind}_x{len(members)}", roles, inputs, size, a.get_dtype(), params)
+
+
 def _lower_fused_mlp(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation):
     """``spyre::fused_mlp`` (``fused_mlp.py``'s rewrite of an MLP block) -> one kernel of the "mlp" generator
     (``codegen/mlp``) when some tiling of it fits the scratchpad (checked on the static shapes with the
@@ -600,7 +620,8 @@ def register_lowerings() -> None:
             continue
         torch_inductor.register_lowering(op, _spyre_lowering(original, fn, name))
     _register_sdpa_lowering()
-    from . import epilogue, fused_mlp
+    from . import epilogue, fused_mlp, matmul_group
 
     torch_inductor.register_lowering(epilogue.op(), _lower_matmul_epilogue)
     torch_inductor.register_lowering(fused_mlp.op(), _lower_fused_mlp)
+    torch_inductor.register_lowering(matmul_group.op(), _lower_matmul_group)

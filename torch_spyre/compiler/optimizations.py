@@ -27,6 +27,8 @@ KNOWN: dict[str, str] = {
     "scratchpad_planning": "kernels keep operands in device memory instead of planning scratchpad residency",
     "ring_sharing": "every core loads its own matmul operands instead of sharing tiles over the ring",
     "matmul_epilogue": "bias, activation and residual after a matmul run as separate pointwise kernels",
+    "matmul_group": "matmuls reading the same input (attention's Q, K and V projections) run as a kernel each "
+                    "instead of one kernel writing their outputs side by side",
     "fused_mlp": "an MLP block (up (+gate) -> activation -> down) runs as separate matmul and pointwise kernels, "
                  "its intermediate written to device memory and read back",
 }
