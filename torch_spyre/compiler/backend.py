@@ -71,10 +71,11 @@ def _make_version_pass():
         folds matmul epilogues into the matmul (``epilogue.py``) unless ``matmul_epilogue`` is off."""
 
         def __call__(self, gm) -> None:
-            from . import epilogue, fused_mlp, matmul_group
+            from . import epilogue, epilogue_norm, fused_mlp, matmul_group
 
             fused_mlp.fuse_mlps(gm)
             epilogue.fuse_matmul_epilogues(gm)
+            epilogue_norm.fuse_layer_norms(gm)
             matmul_group.group_matmuls(gm)
 
         def uuid(self) -> str:  # asked per cache lookup: the card configuration may change in a process

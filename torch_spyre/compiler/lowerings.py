@@ -125,10 +125,12 @@ def _matmul_extern(kind: str, roles: list[str], inputs: list, alpha, beta, out_d
     return _extern("matmul", label or kind, roles, inputs, size, out_dtype, params)
 
 
-def _lower_matmul_epilogue(a, b, bias, residual, activation, alpha, beta, note: str | None = None):
+def _lower_matmul_epilogue(a, b, bias, residual, activation, alpha, beta, norm_weight=None, norm_bias=None,
+                           norm_eps=None, note: str | None = None):
     """``spyre::matmul_epilogue`` (``epilogue.py``'s rewrite of a matmul and the bias, activation and
     residual after it) -> one matmul kernel that applies them to the fp32 accumulator before its one
-    rounding. fp32 operands at a precision of several passes (``fp32_matmul.py``) sum the passes in a
+    rounding, and a LayerNorm over N after them when ``norm_eps`` is given (``epilogue_norm.py``; 16-bit
+    only). fp32 operands at a precision of several passes (``fp32_matmul.py``) sum the passes in a
     pointwise kernel; the activation and residual then join that kernel instead."""
     from . import fp32_matmul
 
@@ -136,13 +138,22 @@ def _lower_matmul_epilogue(a, b, bias, residual, activation, alpha, beta, note: 
     kind = ("baddbmm" if batched else "addmm") if bias is not None else ("bmm" if batched else "mm")
     steps = ([] if bias is None else ["bias"]) + ([activation] if activation else []) + \
         ([] if residual is None else ["residual"])
+    norm = {"norm_weight": norm_weight, "norm_bias": norm_bias} if norm_eps is not None else {}
+    if norm_eps is not None:
+        if a.get_dtype() == torch.float32:
+            raise ValueError("spyre::matmul_epilogue with a LayerNorm is for 16-bit operands (epilogue_norm.py only "
+                             "rewrites those)")
+        steps.append("layer_norm")
     label = "_".join([kind, *(s for s in steps if s != "bias")])  # e.g. addmm_gelu, bmm_relu_residual
     params = {"epilogue": {"steps": steps, "activation": activation, "optimization": "matmul_epilogue"}}
-    if note:  # why this matmul is not part of a fused MLP kernel (recorded in its decisions)
+    if norm_eps is not None:
+        params["norm"] = {"eps": float(norm_eps), "optimization": "matmul_layer_norm"}
+    if note:  # why a fusion (the fused MLP, the LayerNorm) did not take this matmul (recorded in its decisions)
         params["unfused_mlp"] = note
     out_dtype = a.get_dtype()
-    addends = [x for x in (bias, residual) if x is not None]
-    roles = (["bias"] if bias is not None else []) + (["residual"] if residual is not None else []) + ["a", "b"]
+    addends = [x for x in (bias, residual) if x is not None] + [x for x in norm.values() if x is not None]
+    roles = (["bias"] if bias is not None else []) + (["residual"] if residual is not None else []) + \
+        [r for r, x in norm.items() if x is not None] + ["a", "b"]
     passes = fp32_matmul.passes() if out_dtype == torch.float32 else ((0, 0),)
     if out_dtype != torch.float32 or len(passes) == 1:
         if out_dtype == torch.float32:  # one pass on the operands rounded to 16 bits
@@ -212,12 +223,12 @@ def _lower_fused_mlp(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation):
         return _extern("mlp", label, roles, inputs, size, x.get_dtype(), {"activation": activation, "kind": "fused_mlp"})
     note = f"fused_mlp not used: {reason}"
     if w_gate is None:
-        h = _lower_matmul_epilogue(x, w_up, b_up, None, activation, 1.0, 1.0, note)
+        h = _lower_matmul_epilogue(x, w_up, b_up, None, activation, 1.0, 1.0, note=note)
     else:
-        g = _lower_matmul_epilogue(x, w_gate, b_gate, None, activation, 1.0, 1.0, note)
-        u = _lower_matmul_epilogue(x, w_up, b_up, None, None, 1.0, 1.0, note)
+        g = _lower_matmul_epilogue(x, w_gate, b_gate, None, activation, 1.0, 1.0, note=note)
+        u = _lower_matmul_epilogue(x, w_up, b_up, None, None, 1.0, 1.0, note=note)
         h = torch_inductor.lowering_for(torch.ops.aten.mul.Tensor)(g, u)
-    return _lower_matmul_epilogue(h, w_down, b_down, None, None, 1.0, 1.0, note)
+    return _lower_matmul_epilogue(h, w_down, b_down, None, None, 1.0, 1.0, note=note)
 
 
 def _mlp_fit(roles, inputs, size, dtype, activation, config, mlp) -> str | None:

@@ -27,6 +27,8 @@ KNOWN: dict[str, str] = {
     "scratchpad_planning": "kernels keep operands in device memory instead of planning scratchpad residency",
     "ring_sharing": "every core loads its own matmul operands instead of sharing tiles over the ring",
     "matmul_epilogue": "bias, activation and residual after a matmul run as separate pointwise kernels",
+    "matmul_layer_norm": "a LayerNorm after a matmul's epilogue runs as a reduction kernel of its own instead "
+                         "of on the matmul's accumulator (whole rows per core) before its one rounding",
     "matmul_group": "matmuls reading the same input (attention's Q, K and V projections) run as a kernel each "
                     "instead of one kernel writing their outputs side by side",
     "fused_mlp": "an MLP block (up (+gate) -> activation -> down) runs as separate matmul and pointwise kernels, "
