@@ -71,8 +71,9 @@ def _make_version_pass():
         folds matmul epilogues into the matmul (``epilogue.py``) unless ``matmul_epilogue`` is off."""
 
         def __call__(self, gm) -> None:
-            from . import epilogue, epilogue_norm, fused_mlp, matmul_group
+            from . import epilogue, epilogue_norm, fused_mlp, index_views, matmul_group
 
+            index_views.view_indexes(gm)
             fused_mlp.fuse_mlps(gm)
             epilogue.fuse_matmul_epilogues(gm)
             epilogue_norm.fuse_layer_norms(gm)

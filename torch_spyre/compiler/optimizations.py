@@ -27,6 +27,8 @@ KNOWN: dict[str, str] = {
     "scratchpad_planning": "kernels keep operands in device memory instead of planning scratchpad residency",
     "ring_sharing": "every core loads its own matmul operands instead of sharing tiles over the ring",
     "matmul_epilogue": "bias, activation and residual after a matmul run as separate pointwise kernels",
+    "index_views": "an index by aranges over whole dims (x[arange(B)[:, None], arange(S)]) runs as a gather "
+                   "kernel and the kernels computing its indices instead of as a view of x",
     "matmul_layer_norm": "a LayerNorm after a matmul's epilogue runs as a reduction kernel of its own instead "
                          "of on the matmul's accumulator (whole rows per core) before its one rounding",
     "matmul_group": "matmuls reading the same input (attention's Q, K and V projections) run as a kernel each "
