@@ -7,9 +7,11 @@
 - ``cumsum`` -> a log-step scan of pointwise kernels;
 - ``index_put(_)`` with one 1-d index (a static KV cache's ``index_copy_``) -> the gather of its inverse
   (``index_put.py``);
-- ``spyre::flash_attention`` (traced SDPA on spyre, ``device/sdpa.py``) -> generator "attention";
-- ``spyre::matmul_epilogue`` (a matmul with its bias, activation and residual, ``epilogue.py``) -> generator
-  "matmul" with the epilogue in the kernel;
+- ``spyre::flash_attention`` (traced SDPA on spyre, ``device/sdpa.py``) -> generator "attention", writing its
+  heads interleaved ([B, L, H*Dv] underneath) where it can, as the meta kernel lays the result out;
+- ``spyre::matmul_epilogue`` (a matmul with its bias, activation and residual, ``epilogue.py``, and a
+  LayerNorm after them, ``epilogue_norm.py``) -> generator "matmul" with the epilogue in the kernel;
+- ``spyre::matmul_group`` (matmuls reading one input, ``matmul_group.py``) -> generator "matmul_group";
 - ``spyre::fused_mlp`` (up (+gate) -> activation -> down, ``fused_mlp.py``) -> generator "mlp", or the
   unfused kernels when no tiling of the fused kernel fits the scratchpad.
 
