@@ -273,3 +273,14 @@ def test_compiled_padding_mask_is_one_kernel_matching_cpu():
     off, got_off = profiled_kernels(_padding_mask, [_MASK], off=("index_views",))
     assert torch.equal(got, _padding_mask(_MASK)) and torch.equal(got_off, got)
     assert len(on) == 1 < len(off)
+
+
+def test_a_group_keeps_within_what_one_core_may_address(monkeypatch):
+    """A core of the group's kernel may touch every member's operands: members past the address span stay
+    kernels of their own."""
+    from torch_spyre.device import cards
+
+    monkeypatch.setattr(cards, "_config", cards.config().model_copy(update={"core_address_span_bytes": 60_000}))
+    gm = _graph(_qkv, *_qkv_args())
+    [g] = matmul_group.group_matmuls(gm)
+    assert len(g.members) == 2

@@ -16,7 +16,8 @@ optimization is on (``optimizations.py``). A member is a plain ``mm`` / ``addmm`
 bias of [N] or none) of 16-bit floats (fp32 matmuls run as several passes over 16-bit parts:
 ``fp32_matmul.py``), with a 2-d weight whose N is whole sticks (each member's columns start on a stick
 boundary: stores move whole sticks, and two matmuls must not share one). Matmuls whose inputs are the
-same node, or reshapes of one node to one shape, form a group; two or more are rewritten.
+same node, or reshapes of one node to one shape, form a group; two or more are rewritten, as many as keep
+all their operands within the device bytes one core may address in a kernel.
 """
 
 from __future__ import annotations
@@ -85,13 +86,36 @@ def group_matmuls(gm: torch.fx.GraphModule) -> list[Group]:
     done = []
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for members in groups.values():
-        members = [m for m in members if _movable_operands(m, members[0], order)]
+        members = _within_span([m for m in members if _movable_operands(m, members[0], order)])
         if len(members) >= 2:
             done.append(_rewrite(gm.graph, members, order))
     if done:
         gm.graph.lint()
         gm.recompile()
     return done
+
+
+def _within_span(members: list) -> list:
+    """The first members whose operands together stay within the device bytes one core may address in a
+    kernel (``core_address_span_bytes``): a core of the group's kernel may touch all of them, where each
+    member's own kernel touched only its own (members of large weights are left to their kernels)."""
+    from ..device import cards
+
+    limit = cards.config().core_address_span_bytes
+
+    def nbytes(t: Any) -> int:
+        v = _val(t) if isinstance(t, torch.fx.Node) else None
+        return 0 if v is None else v.numel() * v.element_size()
+
+    kept, total = [], nbytes(_operands(members[0])[0]) if members else 0
+    for m in members:
+        _, b, bias = _operands(m)
+        more = nbytes(b) + nbytes(bias) + nbytes(m)
+        if total + more > limit:
+            break
+        kept.append(m)
+        total += more
+    return kept
 
 
 def _operands(mm: Any) -> tuple[Any, Any, Any]:
