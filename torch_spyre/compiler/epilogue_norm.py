@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from . import epilogue
-from .epilogue import _val
+from .epilogue import _only_user, _val
 
 _aten, _prims = torch.ops.aten, torch.ops.prims
 _UPCASTS = (_prims.convert_element_type.default, _aten._to_copy.default)
@@ -72,11 +72,6 @@ def fuse_layer_norms(gm: torch.fx.GraphModule) -> list[Norm]:
         gm.graph.lint()
         gm.recompile()
     return done
-
-
-def _only_user(node: Any) -> Any:
-    users = list(node.users)
-    return users[0] if len(users) == 1 else None
 
 
 def _is(node: Any, *targets: Any) -> bool:

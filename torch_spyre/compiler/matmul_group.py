@@ -29,6 +29,7 @@ import torch
 
 from . import epilogue
 from .epilogue import VIEWS, _on_device, _val
+from .fused_mlp import _operands
 
 OP_NAME = "matmul_group"
 _aten = torch.ops.aten
@@ -116,13 +117,6 @@ def _within_span(members: list) -> list:
         kept.append(m)
         total += more
     return kept
-
-
-def _operands(mm: Any) -> tuple[Any, Any, Any]:
-    """(a, b, bias or None) of an mm/addmm."""
-    if mm.target == _aten.addmm.default:
-        return mm.args[1], mm.args[2], mm.args[0]
-    return mm.args[0], mm.args[1], None
 
 
 def _member(mm: Any) -> bool:
