@@ -68,6 +68,25 @@ def test_each_fusion_switched_off_gives_its_unfused_kernels(off, extra):
 
 
 @pytest.mark.slow
+def test_attention_output_contiguous_when_switched_off_needs_a_copy_kernel():
+    x = torch.randn(2, 32, 128).half()
+    layer = _layer(torch.float16).to("spyre")
+    kernels, got = profiled_kernels(_call(layer), [x], off=("attention_heads_interleaved",), no_grad=True)
+    families = _families(kernels)
+    assert len(families) == len(FUSED) + 1 and all(f in families for f in FUSED)
+    copy = families[families.index("spyre_sdpa") + 1]
+    assert copy.startswith("spyre_fused_") and "transpose" in copy  # the heads merged back by a copy
+    torch.testing.assert_close(got.float(), _reference(x), **TOL[torch.float16])
+
+
+def test_attention_output_strides_follow_the_switch():
+    q = torch.randn(1, 2, 8, 64).half().to("meta")
+    assert torch.ops.spyre.flash_attention(q, q, q).stride() == (8 * 2 * 64, 64, 2 * 64, 1)
+    with optimizations.disabled("attention_heads_interleaved"):
+        assert torch.ops.spyre.flash_attention(q, q, q).stride() == (2 * 8 * 64, 8 * 64, 64, 1)
+
+
+@pytest.mark.slow
 def test_fp32_layer_matches_cpu():
     """fp32: no matmul group nor LayerNorm epilogue (16-bit only); attention writes its heads interleaved
     (heads of 32 fp32 elements are whole sticks) and the fp32 matmuls read that."""

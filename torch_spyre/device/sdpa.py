@@ -32,6 +32,7 @@ ops, which all run on the card.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -48,6 +49,16 @@ def _math(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False
     return call_composite_implicit(op, q, k, v, attn_mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
+# Asked before laying the output out interleaved: the compiler installs its ``attention_heads_interleaved``
+# switch here (compiler/hooks.py; the device imports nothing above it). Without a compiler: always.
+_interleave_allowed: Callable[[], bool] = lambda: True  # noqa: E731
+
+
+def set_interleave_policy(allowed: Callable[[], bool]) -> None:
+    global _interleave_allowed
+    _interleave_allowed = allowed
+
+
 def heads_interleaved_out(views, itemsize: int) -> bool:
     """Does ``spyre::flash_attention`` return its [B, Hq, Lq, Dv] output as a view of a [B, Lq, Hq, Dv]
     buffer (the layout torch's CPU attention returns)? Then the usual ``out.transpose(1, 2).reshape(B, L,
@@ -57,7 +68,10 @@ def heads_interleaved_out(views, itemsize: int) -> bool:
     generator can store it: each head's row is whole sticks, or the heads that share a stick also share
     q/k/v sticks (heads side by side in rows that start on stick boundaries, as in projections' outputs),
     so one tile computes and stores all of them. The meta kernel, the eager kernels and the lowering
-    all ask this, so traced strides and the compiled kernel's agree."""
+    all ask this, so traced strides and the compiled kernel's agree. With the compiler's
+    ``attention_heads_interleaved`` optimization switched off: never."""
+    if not _interleave_allowed():
+        return False
     numbers = [n for shape, strides, offset in views for n in (*shape, *strides, offset)]
     if any(type(n) is not int for n in numbers) or any(len(shape) != 4 for shape, _, _ in views):
         return False  # symbolic sizes (asking would add guards) or not attention's 4-d operands: contiguous
