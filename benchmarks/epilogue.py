@@ -31,7 +31,9 @@ from benchmarks.minilm import busy, encoded_batch, on_spyre, print_table, profil
 from torch_spyre.compiler import backend, optimizations  # noqa: E402
 from torch_spyre.jobs import embed as job  # noqa: E402
 
-torch._inductor.config.fx_graph_cache = False
+from torch_spyre._torch.inductor import disable_fx_graph_cache  # noqa: E402
+
+disable_fx_graph_cache()
 TARGET_KERNELS, TARGET_S = 30, 1.2e-3  # issue 13 §4(c), batch 1
 
 
@@ -39,7 +41,7 @@ def measure(model: torch.nn.Module, inputs: dict[str, torch.Tensor], on: bool,
             faithful: bool) -> tuple[int, float, torch.Tensor | None]:
     """(kernels, simulated seconds, result or None) of one steady call. Not ``faithful``: timing-only mode
     (programs generated, prepared and timed, not executed: the same kernels and simulated times)."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     with contextlib.nullcontext() if on else optimizations.disabled("matmul_epilogue"), \
             contextlib.nullcontext() if faithful else torch_spyre.timing_only():
         forward = torch.compile(job.sentence_embedder(model), dynamic=False)

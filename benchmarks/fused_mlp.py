@@ -57,7 +57,7 @@ def measure(tokens: int, hidden: int, inter: int, on: bool) -> dict:
     import torch_spyre.profiler
     from torch_spyre.compiler import optimizations
 
-    torch._dynamo.reset()
+    torch.compiler.reset()
     t0 = time.perf_counter()
     with torch_spyre.timing_only(), torch.no_grad(), \
             contextlib.nullcontext() if on else optimizations.disabled("fused_mlp"):
@@ -89,8 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="a tiny MLP only (seconds)")
     args = ap.parse_args(argv)
     import torch_spyre  # noqa: F401
+    from torch_spyre._torch.inductor import disable_fx_graph_cache
 
-    torch._inductor.config.fx_graph_cache = False
+    disable_fx_graph_cache()
     rows = [row(s) for s in ([TINY] if args.tiny else [GRANITE, SMALL])]
     print("| SwiGLU MLP fp16 tokens x hidden x intermediate | kernels off | kernels on | off µs | on µs | "
           "op roofline µs | of op roofline off | on |")

@@ -42,7 +42,9 @@ import torch_spyre.profiler  # noqa: E402
 from torch_spyre.compiler import backend  # noqa: E402
 from torch_spyre.jobs import embed as job  # noqa: E402
 
-torch._inductor.config.fx_graph_cache = False
+from torch_spyre._torch.inductor import disable_fx_graph_cache  # noqa: E402
+
+disable_fx_graph_cache()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,7 +107,7 @@ class CompileTiming:
 
 def compile_timing(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[CompileTiming, Callable]:
     """torch.compile of the embedder from a clean Dynamo state: first call vs a steady call."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     forward = torch.compile(job.sentence_embedder(model), dynamic=False)
     first = wall(lambda: call(forward, inputs))
     steady = wall(lambda: call(forward, inputs))
@@ -153,7 +155,7 @@ class LayerMarks:
         self.handles.append(model.encoder.register_forward_hook(self._hook("mean pooling + normalize")))
 
     def _hook(self, label: str) -> Callable:
-        @torch._dynamo.disable
+        @torch.compiler.disable
         def mark(*_: Any) -> None:
             if self.prof is not None:
                 self.marks.append((label, len(self.prof.events())))
@@ -192,11 +194,11 @@ def busy(records: list[Any]) -> float:
 
 def layer_latency(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[list[tuple[str, list[Any]]], float]:
     """(per-part records with a graph break per layer, simulated total of the model as one graph)."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     whole = busy(profiled(torch.compile(job.sentence_embedder(model), dynamic=False), inputs))
     marks = LayerMarks(model)  # removed afterwards: the model is unchanged for the next batch size
     try:
-        torch._dynamo.reset()
+        torch.compiler.reset()
         profiled(torch.compile(job.sentence_embedder(model), dynamic=False), inputs, marks)
         return marks.segments(), whole
     finally:

@@ -14,10 +14,13 @@ switch as ``TORCH_SPYRE_DISABLE``), never remembered:
 - the scratchpad row compiles ``torch.softmax`` with ``torch.compile`` on the spyre device and runs it in
   timing-only mode under the profiler (programs generated and timed, not executed);
 - the fused MLP row compiles a SwiGLU ``nn.Module`` MLP the same way (``benchmarks/fused_mlp.py``): off, its
-  matmul and pointwise kernels; on, one kernel.
+  matmul and pointwise kernels; on, one kernel;
+- the on-chip relayout row relayouts an fp16 tensor in place with the compiler's ``relayout_in_place``
+  (``benchmarks/onchip_relayout.py``), at the size whose ring time is nearest the seed's 1.1 µs: off, through
+  device memory; on, over the ring.
 
 "change" is on against off (negative: on is faster); "seed" is the seed's published figure for the same
-optimization (docs/compiler.md, "The optimizations, off and on"). Rows of optimizations not built yet say so.
+optimization (docs/compiler.md, "The optimizations, off and on").
 """
 
 from __future__ import annotations
@@ -47,17 +50,17 @@ class Sizes:
     sharing: tuple[tuple[int, int, int], ...]
     corelets: tuple[tuple[int, int, int], ...]
     softmax: tuple[tuple[int, int, int | None], ...]  # (rows, cols, cores; None: the core count's choice)
-    exchange_bytes_per_core: int | None  # the all-to-all's size; None: the size whose ring time is nearest 1.1 µs
+    relayout: tuple[int, int] | None  # fp16 rows x cols relayouted in place; None: ring time nearest 1.1 µs
     mlp: tuple[tuple[int, int, int], ...] = ()  # SwiGLU MLPs: tokens x hidden x intermediate (fp16)
 
 
 FULL = Sizes(tiling=((256, 512, 1024), (1024, 1024, 1024), (512, 4096, 4096)),
              sharing=((1024, 1024, 1024), (512, 4096, 4096)),
              corelets=((1024, 1024, 1024), (512, 4096, 4096)),
-             softmax=((512, 1024, 1), (512, 1024, None)), exchange_bytes_per_core=None,
+             softmax=((512, 1024, 1), (512, 1024, None)), relayout=None,
              mlp=((512, 4096, 12800), (256, 1024, 2816)))  # Granite 3.3 8B's MLP, a smaller one
 TINY = Sizes(tiling=((64, 128, 256),), sharing=((128, 256, 512),), corelets=((64, 128, 256),),
-             softmax=((64, 128, 1),), exchange_bytes_per_core=4096, mlp=((64, 128, 256),))
+             softmax=((64, 128, 1),), relayout=(128, 512), mlp=((64, 128, 256),))
 
 SEED = {
     "matmul_tiling": "kernel time -29 % to -69 %",
@@ -176,21 +179,22 @@ def mlp_row(shapes) -> Row:
     return row
 
 
-def relayout_row(bytes_per_core: int | None, config: CardConfig) -> Row:
-    """The exchange the seed describes, an all-to-all among the 32 cores: through device memory as two
-    kernels with a strided relayout (off) against over the ring (on), hand-written programs timed on the card
-    model (``benchmarks/calibration.py``). No compiler kernel makes this exchange yet."""
-    from benchmarks.calibration import exchange_sized_to_published, time_exchange
+def relayout_row(shape: tuple[int, int] | None, config: CardConfig) -> Row:
+    """The exchange the seed describes, at the size whose ring time is nearest its 1.1 µs: the compiler's
+    in-place relayout (``relayout_in_place``) of an fp16 tensor from sticked on dim 1 to dim 0, off (scratch
+    allocation and copy back through device memory) and on (stick blocks exchanged over the ring between the
+    scratchpads), timing-only, the stream's records (``benchmarks/onchip_relayout.py``)."""
+    from benchmarks.onchip_relayout import measure, ring_s, sized_to_published
 
-    ex = exchange_sized_to_published(config) if bytes_per_core is None else time_exchange(config, bytes_per_core)
-    row = Row("onchip_relayout", "— (not built)", SEED["onchip_relayout"],
-              status="not built in the compiler (no fused kernel needs a relayout yet); the seed's exchange measured "
-                     "with hand-written programs",
-              how="benchmarks/calibration.py: all-to-all over 32 cores; off: a store-with-relayout kernel and a load "
-                  "kernel through device memory (two fixed costs), on: ring sends between scratchpads (execution time)")
-    row.measurements.append(Measurement(f"all-to-all {ex.total_bytes // 1024} KiB over 32 cores "
-                                        f"({ex.bytes_per_core // 1024} KiB per core)",
-                                        ex.kernels_s * 1e6, ex.ring_s * 1e6))
+    rows, cols = shape or sized_to_published(config)
+    off, on = measure(rows, cols, on=False), measure(rows, cols, on=True)
+    row = Row("onchip_relayout", "TORCH_SPYRE_DISABLE=onchip_relayout", SEED["onchip_relayout"],
+              how="benchmarks/onchip_relayout.py: relayout_in_place of an fp16 tensor (what ensure_weight_layout "
+                  "runs), timing-only; off: the relayout kernel into a scratch allocation and the copy back, on: "
+                  "one kernel, its all-to-all over the ring; the ring time is the on kernel's span of ring sends")
+    row.measurements.append(Measurement(
+        f"in-place relayout fp16 {rows}x{cols} ({rows * cols * 2 // 1024} KiB), stick dim 1 -> 0, all-to-all among "
+        f"the cores: ring {ring_s((rows, cols), config) * 1e6:.2f} µs of the on kernel", off["us"], on["us"]))
     return row
 
 
@@ -202,7 +206,7 @@ def table(sizes: Sizes = FULL, config: CardConfig | None = None) -> list[Row]:
                           how + "; off: the naive split (output rows only) and the first tiles that fit"),
         scratchpad_row(sizes.softmax),
         mlp_row(sizes.mlp),
-        relayout_row(sizes.exchange_bytes_per_core, config),
+        relayout_row(sizes.relayout, config),
         corelets_row(sizes.corelets, config),
         matmul_switch_row("ring_sharing", "TORCH_SPYRE_DISABLE=ring_sharing", sizes.sharing, config,
                           how + "; off: every core loads its own A from device memory"),

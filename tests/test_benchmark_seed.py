@@ -36,8 +36,10 @@ def test_the_tiny_table_prints_every_row_as_markdown_and_json(capsys):
     assert planning["on_us"] < planning["off_us"]
     (mlp,) = rows[2]["measurements"]
     assert rows[2]["status"] == "built" and mlp["on_us"] < mlp["off_us"] and "-> 1 kernels)" in mlp["workload"]
+    (relayout,) = rows[3]["measurements"]
+    assert rows[3]["status"] == "built" and relayout["on_us"] < relayout["off_us"] and "ring" in relayout["workload"]
     text = seed.markdown(seed.table(seed.TINY))
-    assert text.count("\n") == 7 and "not built" in text and "all-to-all" in text and "SwiGLU" in text
+    assert text.count("\n") == 7 and "not built" not in text and "all-to-all" in text and "SwiGLU" in text
 
 
 @pytest.mark.slow

@@ -87,18 +87,25 @@ def test_plan_round_trips_through_json():
 
 # --- compiled graphs -------------------------------------------------------------------------------
 @torch.no_grad()
-def test_linear_weight_is_relayouted_once_and_matches_cpu():
+@pytest.mark.parametrize("onchip", [True, False])
+def test_linear_weight_is_relayouted_once_and_matches_cpu(onchip):
+    """Once: on chip (one kernel, the weight through the scratchpads and the ring) or, with onchip_relayout
+    off, through device memory (the relayout kernel and the copy back)."""
+    from torch_spyre.compiler import optimizations
+
     torch.manual_seed(0)
     lin = torch.nn.Linear(384, 1536).half()
     x = torch.randn(128, 384).half()
     ref = lin.float()(x.float())
     lin = lin.half().to("spyre")
     assert _stick_dim(lin.weight) == 1  # nn.Linear's [N, K] weight arrives sticked on K
-    out, records = _linear_calls(lin, x.to("spyre"), 3)
+    with optimizations.disabled(*(() if onchip else ("onchip_relayout",))):
+        out, records = _linear_calls(lin, x.to("spyre"), 3)
     assert _stick_dim(lin.weight) == 0
     assert lp.layout_stats() == {"weight_relayouts": 1}
     relayouts = [[r for r in recs if "relayout" in r.name] for recs in records]
-    assert len(relayouts[0]) == 2 and relayouts[1:] == [[], []]  # program + copy back, once
+    assert [r.kind for r in relayouts[0]] == (["kernel"] if onchip else ["kernel", "copy_d2d"])
+    assert relayouts[0][0].name.endswith("_onchip") == onchip and relayouts[1:] == [[], []]
     assert [r.name for r in records[2]] == [r.name for r in records[1]]
     torch.testing.assert_close(out.cpu().float(), ref, **F16)
 
@@ -230,17 +237,25 @@ def test_training_graph_keeps_weights_and_matches_cpu():
 
 
 @torch.no_grad()
-def test_debug_output_shows_the_layout_decisions(tmp_path, monkeypatch):
+@pytest.mark.parametrize("onchip", [True, False])
+def test_debug_output_shows_the_layout_decisions(tmp_path, monkeypatch, onchip):
     monkeypatch.setenv("TORCH_SPYRE_DEBUG", "1")
     monkeypatch.setenv("TORCH_SPYRE_DEBUG_DIR", str(tmp_path))
+    monkeypatch.setattr(lp, "_dumped", set())  # a plan is dumped once per process; this test wants it again
+    if not onchip:
+        monkeypatch.setenv("TORCH_SPYRE_DISABLE", "onchip_relayout")
     torch.manual_seed(6)
     lin = torch.nn.Linear(192, 320).half().to("spyre")
     _linear_calls(lin, torch.randn(64, 192).half().to("spyre"), 1)
     (plan_file,) = glob.glob(os.path.join(tmp_path, "spyre_layout_plan_*.decisions.txt"))
     plan = open(plan_file).read()
     assert "(layout)" in plan and "sticked on dim 0 for the addmm writing buf0's B (N)" in plan
-    (relayout_file,) = glob.glob(os.path.join(tmp_path, "spyre_relayout_320x192_d1_to_d0.decisions.txt"))
-    assert "relayouted in place" in open(relayout_file).read()
+    # The weight's relayout program as it ran: on chip, or through device memory with the reason.
+    name = "spyre_relayout_320x192_d1_to_d0" + ("_onchip" if onchip else "")
+    relayout = open(os.path.join(tmp_path, f"{name}.decisions.txt")).read()
+    assert "relayouted in place" in relayout
+    assert ("on chip: no copy back" in relayout and "ring sends between scratchpads" in relayout) if onchip else \
+        "not on chip: onchip_relayout is switched off" in relayout
     (mm_file,) = glob.glob(os.path.join(tmp_path, "spyre_addmm_*.decisions.txt"))
     mm = open(mm_file).read()
     assert "stick_dim=0" in mm and "transposed in scratchpad" not in mm

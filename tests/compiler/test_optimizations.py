@@ -196,9 +196,11 @@ def test_a_misspelt_switch_fails_the_op_with_the_known_names_and_leaves_the_devi
     torch.testing.assert_close((a + a).cpu(), torch.arange(16.0).reshape(4, 4) * 2)
 
 
-@pytest.mark.parametrize("name", sorted(optimizations.NOT_BUILT))
-def test_a_planned_but_unbuilt_optimization_is_refused(monkeypatch, name):
-    """Switching off what the compiler does not do yet would silently do nothing: it is refused instead."""
+def test_a_planned_but_unbuilt_optimization_is_refused(monkeypatch):
+    """Switching off what the compiler does not do yet would silently do nothing: it is refused instead
+    (every planned one is built today, so the test plans one)."""
+    name = "planned_for_the_test"
+    monkeypatch.setitem(optimizations.NOT_BUILT, name, "an optimization the tracker plans")
     monkeypatch.delenv(optimizations.ENV, raising=False)
     with pytest.raises(optimizations.UnknownOptimizationError, match="not built yet"):
         with optimizations.disabled(name):

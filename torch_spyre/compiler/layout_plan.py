@@ -397,15 +397,19 @@ def _dump_weight_relayout(t: Any, old: Any, stick_dim: int, reason: str, record:
     from ..device import storage
     from ..program import Program
     from . import debug
-    from .relayout import _prepared_relayout
+    from .relayout import _prepared_relayout, onchip_fallback
 
+    card = t.device.index or 0
     new = storage.allocation_of(t).meta["layout"]
-    program = _prepared_relayout(t.device.index or 0, old, new).program
+    onchip = record.program.endswith("_onchip")
+    program = _prepared_relayout(card, old, new, in_place=onchip).program
     meta = dict(program.metadata)
     d = dict(meta.get("decisions", {}))
+    how = ("on chip: no copy back" if onchip else
+           f"+ the copy back into its allocation; not on chip: {onchip_fallback(old, new, card)}")
     d["notes"] = list(d.get("notes", [])) + [f"weight {list(t.shape)} relayouted in place: {reason}",
                                              f"simulated {round((record.end - record.start) * 1e6, 2)} us once "
-                                             "(+ the copy back into its allocation)"]
+                                             f"({how})"]
     meta["decisions"] = d
     debug.dump_kernel(None, Program(program.name, program.operands, program.cores, meta))
 

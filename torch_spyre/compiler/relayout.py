@@ -15,7 +15,9 @@ from typing import Any
 from ..errors import SpyreError
 from ..card.layout import StickLayout
 from ..program import Program
+from . import optimizations
 from .access import TensorView
+from .codegen.exchange import onchip_relayout_program, why_not
 from .kernel_ir import BufferSpec, KernelSpec, NodeSpec, Op
 
 # device dtype -> the host dtype name a KernelSpec uses
@@ -89,26 +91,42 @@ def relayout(t: Any, stick_dim: int) -> Any:
 _PREPARED: dict[tuple, Any] = {}
 
 
-def _prepared_relayout(card: int, src: StickLayout, dst: StickLayout) -> Any:
+def _prepared_relayout(card: int, src: StickLayout, dst: StickLayout, in_place: bool = False) -> Any:
     from ..device import cards
     from ..runtime.launch import prepare
 
-    key = (card, src, dst)
+    key = (card, src, dst, in_place)
     if key not in _PREPARED:
         c = cards.card(card)
         name = f"spyre_relayout_{'x'.join(map(str, src.host_shape))}_d{src.stick_dim}_to_d{dst.stick_dim}"
-        _PREPARED[key] = prepare(relayout_program(src, dst, c.config, name), c)
+        program = (onchip_relayout_program(src, dst, c.config, in_place=True, name=name + "_onchip") if in_place
+                   else relayout_program(src, dst, c.config, name))
+        _PREPARED[key] = prepare(program, c)
     return _PREPARED[key]
+
+
+def onchip_fallback(src: StickLayout, dst: StickLayout, card: int = 0) -> str | None:
+    """None when an in-place relayout from ``src`` to ``dst`` goes over the ring (``onchip_relayout`` on and
+    ``codegen.exchange`` takes it), else why it goes through device memory."""
+    from ..device import cards
+
+    if not optimizations.enabled("onchip_relayout"):
+        return "onchip_relayout is switched off"
+    return why_not(src, dst, cards.card(card).config)
 
 
 def relayout_in_place(t: Any, stick_dim: int, reason: str = "") -> Any:
     """Give the allocation under spyre tensor ``t`` the layout sticked on ``stick_dim`` (a dim of its host
     element space), keeping the storage: every view of it, anywhere, reads the same values afterwards.
 
-    On the card: the relayout program copies the allocation into a scratch allocation in the new layout
-    (the program's simulated time), then the bytes come back into the original block (charged as a
-    device-to-device copy; a runtime that can repoint a storage would skip it). Returns the launch
-    record of the relayout program, or None when the layout already is the requested one."""
+    On the card, with ``onchip_relayout`` on and the tensor fitting the cores' scratchpads (2-D,
+    ``codegen.exchange``): one program loads the allocation into the scratchpads, exchanges stick blocks
+    over the ring and stores the new layout back into the same allocation. Otherwise (the reason is in
+    ``onchip_fallback(...)``): the device-memory path, the relayout program copying the allocation into a
+    scratch allocation in the new layout (the program's simulated time), then the bytes coming back into
+    the original block (charged as a device-to-device copy; a runtime that can repoint a storage would
+    skip it). Returns the launch record of the relayout program, or None when the layout already is the
+    requested one."""
     from ..device import copy, storage, tensor
     from ..runtime import stream as rt
     from ..runtime import timing_only
@@ -129,13 +147,21 @@ def relayout_in_place(t: Any, stick_dim: int, reason: str = "") -> Any:
     card = t.device.index or 0
     # A tensor's layout outlives timing-only mode: relayouting one that holds data (a real weight on its first
     # compiled call) in timing-only mode must keep its values, or every later faithful run reads nothing.
-    with timing_only.timing_only(False) if alloc.has_data else contextlib.nullcontext():
+    keep_values = timing_only.timing_only(False) if alloc.has_data else contextlib.nullcontext()
+    not_on_chip = onchip_fallback(src, dst, card)
+    if not_on_chip is None:
+        with keep_values:
+            record = launch(_prepared_relayout(card, src, dst, in_place=True), {"t": alloc})
+        alloc.meta["layout"] = dst  # the program rewrote the allocation's bytes in the new layout
+        return record
+    with keep_values:
         scratch = tensor.new_storage_tensor(card, alloc.meta["dtype"], dst)
         record = launch(_prepared_relayout(card, src, dst), {"src": alloc, "dst": storage.allocation_of(scratch)})
     tensor.replace_layout(alloc, dst, storage.allocation_of(scratch))
     rt.current_stream(card).enqueue("relayout_copy_back", copy.d2d_seconds(dst.nbytes), kind="copy_d2d",
-                                     resource="compute", details={"bytes": dst.nbytes, "reason": reason})
+                                     resource="compute",
+                                     details={"bytes": dst.nbytes, "reason": reason, "not_on_chip": not_on_chip})
     return record
 
 
-__all__ = ["RelayoutError", "relayout", "relayout_in_place", "relayout_program", "relayout_spec"]
+__all__ = ["RelayoutError", "onchip_fallback", "relayout", "relayout_in_place", "relayout_program", "relayout_spec"]

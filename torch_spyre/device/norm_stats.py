@@ -17,8 +17,6 @@ import torch
 from .._torch.device import OpOverload
 from .op_call import bound_args, op_info
 
-_libs: list[torch.library.Library] = []  # kept alive: a Library's registrations end with it
-
 # op overload name -> whether it has a ``training`` argument
 OPS = {
     "native_batch_norm": True,
@@ -58,14 +56,11 @@ def _kernel(op: OpOverload, has_training: bool):
     return kernel
 
 
-def register() -> list[torch.library.Library]:
-    """Install the kernels for spyre tensors (idempotent)."""
-    if _libs:
-        return _libs
-    aten = torch.library.Library("aten", "IMPL")
+def kernels() -> list[tuple[str, object, str]]:
+    """(aten op, kernel, dispatch key) for each op, for the device's registration (registration.py)."""
+    out = []
     for name, has_training in OPS.items():
         packet, _, overload = name.partition(".")
         op = getattr(getattr(torch.ops.aten, packet), overload or "default")
-        aten.impl(name, _kernel(op, has_training), "PrivateUse1")
-    _libs.append(aten)
-    return _libs
+        out.append((name, _kernel(op, has_training), "PrivateUse1"))
+    return out

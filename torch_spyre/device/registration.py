@@ -106,17 +106,19 @@ def register() -> None:
             aten.impl(name, _cpu_metadata(name), "PrivateUse1")
         for name in FALLBACK_OPS:
             aten.impl(name, _via_fallback(name), "PrivateUse1")
+        from . import norm_stats, rnn_cells, sdpa, serialization, torch_patches
+
+        # GRU/LSTM cells: torch's fused-cell ops as pointwise ops (rnn_cells.py); batch/layer norm statistics
+        # in the CPU's dtype and shape (norm_stats.py)
+        for name, kernel, key in rnn_cells.kernels() + norm_stats.kernels():
+            aten.impl(name, kernel, key)
         aten.impl("_sparse_coo_tensor_with_dims_and_tensors", _refuse_sparse, "SparsePrivateUse1")
         aten.impl("_pin_memory", _forward("_pin_memory"), "CPU")  # pinning for spyre (see kernels.py)
         catch_all = torch.library.Library("_", "IMPL")
         catch_all.fallback(_fallback, "PrivateUse1")
         _libraries.extend([aten, catch_all])
 
-        from . import norm_stats, rnn_cells, sdpa, serialization, torch_patches
-
         sdpa.register()  # traced SDPA on spyre -> spyre::flash_attention (see sdpa.py)
-        rnn_cells.register()  # GRU/LSTM cells: torch's fused-cell ops as pointwise ops (see rnn_cells.py)
-        norm_stats.register()  # batch/layer norm statistics in the CPU's dtype and shape (see norm_stats.py)
         serialization.register()
         torch_patches.patch()
         _registered = True

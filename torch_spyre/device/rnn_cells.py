@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import torch
 
-_libs: list[torch.library.Library] = []  # kept alive: a Library's registrations end with it
-
-
 def _with_bias(gates: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return gates if bias is None else gates + bias
 
@@ -45,13 +42,8 @@ def fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=
     return hy, cy, torch.cat([i, f, g, o], 1)
 
 
-def register() -> list[torch.library.Library]:
-    """Install the cells for spyre tensors (idempotent)."""
-    if _libs:
-        return _libs
-    aten = torch.library.Library("aten", "IMPL")
-    for name, fn in (("_thnn_fused_gru_cell", fused_gru_cell), ("_thnn_fused_lstm_cell", fused_lstm_cell)):
-        aten.impl(name, fn, "AutogradPrivateUse1")
-        aten.impl(name, fn, "PrivateUse1")
-    _libs.append(aten)
-    return _libs
+def kernels() -> list[tuple[str, object, str]]:
+    """(aten op, kernel, dispatch key) for each cell, for the device's registration (registration.py)."""
+    return [(name, fn, key)
+            for name, fn in (("_thnn_fused_gru_cell", fused_gru_cell), ("_thnn_fused_lstm_cell", fused_lstm_cell))
+            for key in ("AutogradPrivateUse1", "PrivateUse1")]
