@@ -3,8 +3,9 @@
 It registers (all through the seam, ``torch_spyre/_torch/inductor.py``):
 
 - the scheduling (``scheduling.py``) and the Python wrapper codegen (``wrapper.py``), with the device's
-  post-grad pass (fused MLP blocks, ``fused_mlp.py``, then matmul epilogue fusion, ``epilogue.py``), whose uuid puts :func:`compiler_fingerprint`
-  in the FX graph cache key;
+  post-grad pass (indexes by aranges as views, ``index_views.py``; fused MLP blocks, ``fused_mlp.py``; matmul
+  epilogue fusion, ``epilogue.py``, and LayerNorms into it, ``epilogue_norm.py``; sibling matmuls as one
+  kernel, ``matmul_group.py``), whose uuid puts :func:`compiler_fingerprint` in the FX graph cache key;
 - the device op overrides and the device interface (``device_interface.py``);
 - Dynamo's skip of the device's Python kernels (never traced, even inside a compiled region);
 - the lowerings that keep whole ops on the card (``lowerings.py``: patches Inductor's lowerings table);
@@ -67,14 +68,19 @@ def _make_version_pass():
     class SpyrePostGradPass(torch_inductor.GraphModulePassBase):
         """The device's post-grad pass: Inductor runs it on every graph with spyre tensors after its own
         post-grad passes, and puts its uuid, :func:`compiler_fingerprint`, in the FX graph cache key.
-        It rewrites MLP blocks into one fused kernel (``fused_mlp.py``) unless ``fused_mlp`` is off, then
-        folds matmul epilogues into the matmul (``epilogue.py``) unless ``matmul_epilogue`` is off."""
+        In order, each unless its optimization is off: indexes by whole-dim aranges become views
+        (``index_views.py``), MLP blocks one fused kernel (``fused_mlp.py``), matmul epilogues fold into the
+        matmul (``epilogue.py``) and LayerNorms after them too (``epilogue_norm.py``), matmuls reading one
+        input become one kernel (``matmul_group.py``)."""
 
         def __call__(self, gm) -> None:
-            from . import epilogue, fused_mlp
+            from . import epilogue, epilogue_norm, fused_mlp, index_views, matmul_group
 
+            index_views.view_indexes(gm)
             fused_mlp.fuse_mlps(gm)
             epilogue.fuse_matmul_epilogues(gm)
+            epilogue_norm.fuse_layer_norms(gm)
+            matmul_group.group_matmuls(gm)
 
         def uuid(self) -> str:  # asked per cache lookup: the card configuration may change in a process
             return compiler_fingerprint()

@@ -67,9 +67,12 @@ _SAMPLES = torch.cat([torch.linspace(-8.0, 8.0, 161, dtype=torch.float64),
 # =============================================================================================
 # The fused op
 # =============================================================================================
-def reference(a, b, bias, residual, activation, alpha, beta):
+def reference(a, b, bias, residual, activation, alpha, beta, norm_weight=None, norm_bias=None, norm_eps=None,
+              note=None):
     """What ``spyre::matmul_epilogue`` computes, with torch ops: ``act(alpha * a @ b + beta * bias) + residual``
-    (``torch.matmul`` broadcasting: ``a`` [B, M, K] may meet ``b`` [K, N])."""
+    (``torch.matmul`` broadcasting: ``a`` [B, M, K] may meet ``b`` [K, N]), then, with ``norm_eps``, a
+    LayerNorm over the last dim (``epilogue_norm.py``). ``note`` is why a fusion was not applied (it goes to
+    the kernel's decisions; it does not change the result)."""
     out = torch.matmul(a, b)
     if alpha != 1.0:
         out = out * alpha
@@ -79,6 +82,9 @@ def reference(a, b, bias, residual, activation, alpha, beta):
         out = apply_activation(activation, out)
     if residual is not None:
         out = out + residual
+    if norm_eps is not None:
+        w, c = (None if t is None else t.to(out.dtype) for t in (norm_weight, norm_bias))
+        out = torch.nn.functional.layer_norm(out, out.shape[-1:], w, c, norm_eps)
     return out
 
 
@@ -88,12 +94,16 @@ def apply_activation(name: str, x: torch.Tensor) -> torch.Tensor:
     return ACTIVATIONS[name](x)
 
 
-def _eager(a, b, bias, residual, activation, alpha, beta):
+def _eager(a, b, bias, residual, activation, alpha, beta, norm_weight=None, norm_bias=None, norm_eps=None, note=None):
     out_dtype = a.dtype
+    if norm_eps is not None:  # the norm in fp32 on the rounded sum, as the decomposed graph computed it
+        y = reference(a, b, bias, residual, activation, alpha, beta).to(out_dtype).float()
+        w, c = (None if t is None else t.float() for t in (norm_weight, norm_bias))
+        return torch.nn.functional.layer_norm(y, y.shape[-1:], w, c, norm_eps).to(out_dtype)
     return reference(a, b, bias, residual, activation, alpha, beta).to(out_dtype)
 
 
-def _meta(a, b, bias, residual, activation, alpha, beta):
+def _meta(a, b, bias, residual, activation, alpha, beta, norm_weight=None, norm_bias=None, norm_eps=None, note=None):
     return a.new_empty((*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1]))
 
 
@@ -120,7 +130,8 @@ def define_op() -> None:
 
 def op() -> Any:
     return define_device_op(OP_NAME, "(Tensor a, Tensor b, Tensor? bias, Tensor? residual, str? activation, "
-                            "float alpha, float beta) -> Tensor", _eager, _meta)
+                            "float alpha, float beta, Tensor? norm_weight=None, Tensor? norm_bias=None, "
+                            "float? norm_eps=None, str? note=None) -> Tensor", _eager, _meta)
 
 
 # =============================================================================================

@@ -19,6 +19,7 @@ from .kernel_spec import KernelSpec
 POINTWISE_GENERATOR = "torch_spyre.compiler.codegen.pointwise"
 BUILTIN_GENERATORS = (
     "torch_spyre.compiler.codegen.matmul",
+    "torch_spyre.compiler.codegen.matmul.group",
     "torch_spyre.compiler.codegen.attention",
     "torch_spyre.compiler.codegen.gather",
     "torch_spyre.compiler.codegen.mlp",

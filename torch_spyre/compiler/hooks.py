@@ -3,6 +3,7 @@ module imports neither Inductor nor the rest of the compiler).
 
 - the device's program runner (``device/program_runner.py``): eager ops on spyre tensors run as cached
   single-op programs (``eager.py``; ``TORCH_SPYRE_EAGER=host`` makes it decline every op);
+- the ``attention_heads_interleaved`` switch, asked when attention lays its output out (``device/sdpa.py``);
 - the names Inductor looks up on the device module on the first compile for a PrivateUse1 device
   (``torch.spyre.Scheduling``, ``PythonWrapperCodegen``, ``CppWrapperCodegen``): answering registers the
   compiler with Inductor (``backend.register``), so the first ``torch.compile`` needs no explicit setup.
@@ -70,5 +71,9 @@ def install() -> None:
     """Plug the compiler into the device (idempotent)."""
     from .. import spyre_module
 
+    from ..device import sdpa
+    from . import optimizations
+
     set_program_runner(RUNNER)
     spyre_module.provide(INDUCTOR_NAMES, inductor_attr)
+    sdpa.set_interleave_policy(lambda: optimizations.enabled("attention_heads_interleaved"))

@@ -151,10 +151,10 @@ def host_dim_of(buffer: BufferInfo, view_size: int, view_stride: int) -> int | N
 
 
 def _preferred_view_dim(generator: str, role: str) -> int | None:
-    if generator == "matmul":
+    if generator in ("matmul", "matmul_group"):
         from .codegen.matmul import preferred_view_dim
 
-        return preferred_view_dim(role)
+        return preferred_view_dim(role.rstrip("0123456789"))  # a group's members: b0, bias1, ...
     return -1 if role in _ROW_READERS.get(generator, ()) else None
 
 

@@ -7,9 +7,11 @@
 - ``cumsum`` -> a log-step scan of pointwise kernels;
 - ``index_put(_)`` with one 1-d index (a static KV cache's ``index_copy_``) -> the gather of its inverse
   (``index_put.py``);
-- ``spyre::flash_attention`` (traced SDPA on spyre, ``device/sdpa.py``) -> generator "attention";
-- ``spyre::matmul_epilogue`` (a matmul with its bias, activation and residual, ``epilogue.py``) -> generator
-  "matmul" with the epilogue in the kernel;
+- ``spyre::flash_attention`` (traced SDPA on spyre, ``device/sdpa.py``) -> generator "attention", writing its
+  heads interleaved ([B, L, H*Dv] underneath) where it can, as the meta kernel lays the result out;
+- ``spyre::matmul_epilogue`` (a matmul with its bias, activation and residual, ``epilogue.py``, and a
+  LayerNorm after them, ``epilogue_norm.py``) -> generator "matmul" with the epilogue in the kernel;
+- ``spyre::matmul_group`` (matmuls reading one input, ``matmul_group.py``) -> generator "matmul_group";
 - ``spyre::fused_mlp`` (up (+gate) -> activation -> down, ``fused_mlp.py``) -> generator "mlp", or the
   unfused kernels when no tiling of the fused kernel fits the scratchpad.
 
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 
 from .._torch import inductor as torch_inductor
+from ..device import sdpa
 from .access import walks_dims
 
 DEVICE = "spyre"
@@ -71,10 +74,12 @@ def _spyre_lowering(original, lower_fn, name: str):
     return lower
 
 
-def _extern(generator: str, label: str, roles: list[str], inputs, size, dtype, params):
-    stride = [1] * len(size)
-    for d in range(len(size) - 2, -1, -1):
-        stride[d] = stride[d + 1] * size[d + 1]
+def _extern(generator: str, label: str, roles: list[str], inputs, size, dtype, params, stride=None):
+    """One whole-op kernel writing a fresh buffer of ``size`` (row-major, or ``stride`` when given)."""
+    if stride is None:
+        stride = [1] * len(size)
+        for d in range(len(size) - 2, -1, -1):
+            stride[d] = stride[d + 1] * size[d + 1]
     layout = torch_inductor.fixed_layout(inputs[-1].get_device(), dtype, list(size), stride)
     return torch_inductor.tensor_box(_make_extern_node.cls(layout, inputs, generator, roles, params, label))
 
@@ -113,29 +118,60 @@ def _matmul_extern(kind: str, roles: list[str], inputs: list, alpha, beta, out_d
     return _extern("matmul", label or kind, roles, inputs, size, out_dtype, params)
 
 
-def _lower_matmul_epilogue(a, b, bias, residual, activation, alpha, beta, note: str | None = None):
+def _lower_matmul_epilogue(a, b, bias, residual, activation, alpha, beta, norm_weight=None, norm_bias=None,
+                           norm_eps=None, note: str | None = None):
     """``spyre::matmul_epilogue`` (``epilogue.py``'s rewrite of a matmul and the bias, activation and
     residual after it) -> one matmul kernel that applies them to the fp32 accumulator before its one
-    rounding. fp32 operands are multiplied as 16-bit parts concatenated along K (``fp32_matmul.py``), so
-    the epilogue stays in the kernel at every precision."""
+    rounding, and a LayerNorm over N after them when ``norm_eps`` is given (``epilogue_norm.py``; 16-bit
+    only). fp32 operands are multiplied as 16-bit parts concatenated along K (``fp32_matmul.py``), so the
+    epilogue stays in the kernel at every precision."""
     from . import fp32_matmul
 
     batched = len(a.get_size()) == 3
     kind = ("baddbmm" if batched else "addmm") if bias is not None else ("bmm" if batched else "mm")
     steps = ([] if bias is None else ["bias"]) + ([activation] if activation else []) + \
         ([] if residual is None else ["residual"])
+    norm = {"norm_weight": norm_weight, "norm_bias": norm_bias} if norm_eps is not None else {}
+    if norm_eps is not None:
+        if a.get_dtype() == torch.float32:
+            raise ValueError("spyre::matmul_epilogue with a LayerNorm is for 16-bit operands (epilogue_norm.py only "
+                             "rewrites those)")
+        steps.append("layer_norm")
     label = "_".join([kind, *(s for s in steps if s != "bias")])  # e.g. addmm_gelu, bmm_relu_residual
     params = {"epilogue": {"steps": steps, "activation": activation, "optimization": "matmul_epilogue"}}
-    if note:  # why this matmul is not part of a fused MLP kernel (recorded in its decisions)
+    if norm_eps is not None:
+        params["norm"] = {"eps": float(norm_eps), "optimization": "matmul_layer_norm"}
+    if note:  # why a fusion (the fused MLP, the LayerNorm) did not take this matmul (recorded in its decisions)
         params["unfused_mlp"] = note
     out_dtype = a.get_dtype()
-    addends = [x for x in (bias, residual) if x is not None]
-    roles = (["bias"] if bias is not None else []) + (["residual"] if residual is not None else []) + ["a", "b"]
+    addends = [x for x in (bias, residual) if x is not None] + [x for x in norm.values() if x is not None]
+    roles = (["bias"] if bias is not None else []) + (["residual"] if residual is not None else []) + \
+        [r for r, x in norm.items() if x is not None] + ["a", "b"]
     if out_dtype == torch.float32:  # the PE arrays multiply 16-bit parts, concatenated along K
         a, b = fp32_matmul.k_concatenated(a, b, fp32_matmul.passes())
     inputs = [_matmul_operand(torch_inductor.realize_input(x)) for x in (*addends, a, b)]
     params["activation"] = activation
     return _matmul_extern(kind, roles, inputs, alpha, beta, out_dtype, params, label)
+
+
+def _lower_matmul_group(a, b, bias):
+    """``spyre::matmul_group`` (``matmul_group.py``'s rewrite of matmuls reading one input) -> one kernel of
+    the "matmul_group" generator (``codegen/matmul/group.py``) writing the members' outputs side by side."""
+    a = _matmul_operand(torch_inductor.realize_input(a))
+    inputs, roles, members, offset = [a], ["a"], [], 0
+    for i, (w, c) in enumerate(zip(b, bias)):
+        inputs.append(_matmul_operand(torch_inductor.realize_input(w)))
+        roles.append(f"b{i}")
+        if c is not None:
+            inputs.append(_matmul_operand(torch_inductor.realize_input(c)))
+            roles.append(f"bias{i}")
+        n = int(w.get_size()[-1])
+        members.append({"b": f"b{i}", "bias": f"bias{i}" if c is not None else None, "offset": offset})
+        offset += n
+    kind = "addmm" if all(c is not None for c in bias) else "mm"
+    size = [*a.get_size()[:-1], offset]
+    params = {"kind": "matmul_group", "members": members, "optimization": "matmul_group"}
+    return _extern("matmul_group", f"{kind}_x{len(members)}", roles, inputs, size, a.get_dtype(), params)
 
 
 def _lower_fused_mlp(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation):
@@ -158,12 +194,12 @@ def _lower_fused_mlp(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation):
         return _extern("mlp", label, roles, inputs, size, x.get_dtype(), {"activation": activation, "kind": "fused_mlp"})
     note = f"fused_mlp not used: {reason}"
     if w_gate is None:
-        h = _lower_matmul_epilogue(x, w_up, b_up, None, activation, 1.0, 1.0, note)
+        h = _lower_matmul_epilogue(x, w_up, b_up, None, activation, 1.0, 1.0, note=note)
     else:
-        g = _lower_matmul_epilogue(x, w_gate, b_gate, None, activation, 1.0, 1.0, note)
-        u = _lower_matmul_epilogue(x, w_up, b_up, None, None, 1.0, 1.0, note)
+        g = _lower_matmul_epilogue(x, w_gate, b_gate, None, activation, 1.0, 1.0, note=note)
+        u = _lower_matmul_epilogue(x, w_up, b_up, None, None, 1.0, 1.0, note=note)
         h = torch_inductor.lowering_for(torch.ops.aten.mul.Tensor)(g, u)
-    return _lower_matmul_epilogue(h, w_down, b_down, None, None, 1.0, 1.0, note)
+    return _lower_matmul_epilogue(h, w_down, b_down, None, None, 1.0, 1.0, note=note)
 
 
 def _mlp_fit(roles, inputs, size, dtype, activation, config, mlp) -> str | None:
@@ -493,11 +529,32 @@ def _lower_flash_attention(query, key, value, attn_mask=None, is_causal=False, s
         inputs.append(_attention_operand(attn_mask))
         roles.append("attn_mask")
     B, Hq, Lq, _ = q.get_size()
-    size = [B, Hq, Lq, v.get_size()[-1]]
+    Dv = v.get_size()[-1]
+    size = [B, Hq, Lq, Dv]
     params = {"is_causal": bool(is_causal), "scale": None if scale is None else float(scale),
               "enable_gqa": bool(enable_gqa), "attn_mask": "attn_mask" if attn_mask is not None else None,
               "kind": "attention"}
-    return _extern("attention", "sdpa", roles, inputs, size, q.get_dtype(), params)
+    # As the meta kernel laid it out (device/sdpa.py): heads interleaved ([B, Lq, Hq, Dv] underneath) when
+    # the generator can store that, so merging the heads back afterwards is a view, not a copy kernel.
+    views = [_static_view(x) for x in (q, k, v)]
+    if None in views or not sdpa.heads_interleaved_out(views, q.get_dtype().itemsize):
+        return _extern("attention", "sdpa", roles, inputs, size, q.get_dtype(), params)
+    # The kernel writes a [B, Lq, Hq * Dv] buffer (allocated, and sticked, as one row of Hq * Dv per token:
+    # heads of Dv < 64 share sticks, which the generator stores from tiles holding all of a stick's heads)
+    # and the op's result is its [B, Hq, Lq, Dv] view.
+    params["out_heads"] = int(Hq)
+    merged = _extern("attention", "sdpa", roles, inputs, [B, Lq, Hq * Dv], q.get_dtype(), params)
+    split = torch_inductor.lowering_for(torch.ops.aten.view.default)(merged, [B, Lq, Hq, Dv])
+    return torch_inductor.permute(split, [0, 2, 1, 3])
+
+
+def _static_view(x) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+    """(sizes, strides, storage offset) of an IR view as ints, None when any is symbolic."""
+    try:
+        return (tuple(int(n) for n in x.get_size()), tuple(int(n) for n in x.get_stride()),
+                int(x.get_layout().offset))
+    except (TypeError, ValueError, AttributeError, NotImplementedError):
+        return None
 
 
 def _attention_operand(x):
@@ -545,7 +602,8 @@ def register_lowerings() -> None:
             continue
         torch_inductor.register_lowering(op, _spyre_lowering(original, fn, name))
     _register_sdpa_lowering()
-    from . import epilogue, fused_mlp
+    from . import epilogue, fused_mlp, matmul_group
 
     torch_inductor.register_lowering(epilogue.op(), _lower_matmul_epilogue)
     torch_inductor.register_lowering(fused_mlp.op(), _lower_fused_mlp)
+    torch_inductor.register_lowering(matmul_group.op(), _lower_matmul_group)

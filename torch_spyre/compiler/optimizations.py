@@ -27,6 +27,14 @@ KNOWN: dict[str, str] = {
     "scratchpad_planning": "kernels keep operands in device memory instead of planning scratchpad residency",
     "ring_sharing": "every core loads its own matmul operands instead of sharing tiles over the ring",
     "matmul_epilogue": "bias, activation and residual after a matmul run as separate pointwise kernels",
+    "attention_heads_interleaved": "attention writes a contiguous [B, H, L, D] output, so merging its heads back "
+                                   "into [B, L, H*D] is a copy kernel, instead of writing the heads interleaved",
+    "index_views": "an index by aranges over whole dims (x[arange(B)[:, None], arange(S)]) runs as a gather "
+                   "kernel and the kernels computing its indices instead of as a view of x",
+    "matmul_layer_norm": "a LayerNorm after a matmul's epilogue runs as a reduction kernel of its own instead "
+                         "of on the matmul's accumulator (whole rows per core) before its one rounding",
+    "matmul_group": "matmuls reading the same input (attention's Q, K and V projections) run as a kernel each "
+                    "instead of one kernel writing their outputs side by side",
     "fused_mlp": "an MLP block (up (+gate) -> activation -> down) runs as separate matmul and pointwise kernels, "
                  "its intermediate written to device memory and read back",
     "onchip_relayout": "an in-place relayout goes through device memory (a scratch allocation and a copy back) "

@@ -32,6 +32,7 @@ ops, which all run on the card.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -48,8 +49,53 @@ def _math(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False
     return call_composite_implicit(op, q, k, v, attn_mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
+# Asked before laying the output out interleaved: the compiler installs its ``attention_heads_interleaved``
+# switch here (compiler/hooks.py; the device imports nothing above it). Without a compiler: always.
+_interleave_allowed: Callable[[], bool] = lambda: True  # noqa: E731
+
+
+def set_interleave_policy(allowed: Callable[[], bool]) -> None:
+    global _interleave_allowed
+    _interleave_allowed = allowed
+
+
+def heads_interleaved_out(views, itemsize: int) -> bool:
+    """Does ``spyre::flash_attention`` return its [B, Hq, Lq, Dv] output as a view of a [B, Lq, Hq, Dv]
+    buffer (the layout torch's CPU attention returns)? Then the usual ``out.transpose(1, 2).reshape(B, L,
+    H * Dv)`` that merges the heads back is a view, not a copy kernel. ``views`` are q, k, v as
+    (shape, strides, storage offset) in elements, all plain ints (anything else: False, the contiguous
+    output). Stores move whole sticks of 128 bytes, so the layout is taken only where the attention
+    generator can store it: each head's row is whole sticks, or the heads that share a stick also share
+    q/k/v sticks (heads side by side in rows that start on stick boundaries, as in projections' outputs),
+    so one tile computes and stores all of them. The meta kernel, the eager kernels and the lowering
+    all ask this, so traced strides and the compiled kernel's agree. With the compiler's
+    ``attention_heads_interleaved`` optimization switched off: never."""
+    if not _interleave_allowed():
+        return False
+    numbers = [n for shape, strides, offset in views for n in (*shape, *strides, offset)]
+    if any(type(n) is not int for n in numbers) or any(len(shape) != 4 for shape, _, _ in views):
+        return False  # symbolic sizes (asking would add guards) or not attention's 4-d operands: contiguous
+    (q_shape, _, _), (k_shape, _, _), (v_shape, _, _) = views
+    _, Hq, _, D = q_shape
+    Hkv, Dv = k_shape[1], v_shape[-1]
+    lanes = 128 // itemsize
+    if Dv % lanes == 0:
+        return True
+    if lanes % Dv or D != Dv or Hq != Hkv or Hq % (lanes // Dv):
+        return False
+    return all(strides[3] == 1 and strides[1] == D and strides[2] % lanes == 0 and offset % lanes == 0
+               for _, strides, offset in views)
+
+
+def _views(*ts):
+    return [(tuple(t.shape), tuple(t.stride()), t.storage_offset()) for t in ts]
+
+
 def _flash_eager(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
-    return _math(q, k, v, attn_mask, is_causal, scale, enable_gqa).contiguous()
+    out = _math(q, k, v, attn_mask, is_causal, scale, enable_gqa)
+    if heads_interleaved_out(_views(q, k, v), q.element_size()):
+        return out.transpose(1, 2).contiguous().transpose(1, 2)
+    return out.contiguous()
 
 
 def _flash_device(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
@@ -62,8 +108,11 @@ def _flash_device(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_g
 
 
 def _flash_meta(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
-    B, Hq, Lq, _ = q.shape
-    return q.new_empty((B, Hq, Lq, v.shape[-1]))
+    out = q.new_empty(q.shape[:3] + v.shape[-1:])
+    if heads_interleaved_out(_views(q, k, v), q.element_size()):
+        B, Hq, Lq, Dv = out.shape
+        return q.new_empty((B, Lq, Hq, Dv)).transpose(1, 2)
+    return out
 
 
 def supported(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False) -> str | None:

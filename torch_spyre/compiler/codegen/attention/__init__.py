@@ -205,9 +205,13 @@ def spec_from_kernel(kspec: Any, places: dict[str, Any]) -> AttentionSpec:
     is_causal, scale (None: 1/sqrt(D)), enable_gqa."""
     p = kspec.params
     mask = p.get("attn_mask")
+    out = tensor_arg(kspec, p["out"], places)
+    if p.get("out_heads"):  # out is [B, Lq, Hq * Dv]: the kernel writes its [B, Hq, Lq, Dv] view
+        (B, Lq, HDv), (sb, sl, _), H = out.shape, out.strides, int(p["out_heads"])
+        out = dataclasses.replace(out, shape=(B, H, Lq, HDv // H), strides=(sb, HDv // H, sl, 1))
     return AttentionSpec(
         tensor_arg(kspec, p["query"], places), tensor_arg(kspec, p["key"], places),
-        tensor_arg(kspec, p["value"], places), tensor_arg(kspec, p["out"], places),
+        tensor_arg(kspec, p["value"], places), out,
         tensor_arg(kspec, mask, places) if mask else None, bool(p.get("is_causal", False)), p.get("scale"),
         bool(p.get("enable_gqa", False)), kspec.name, source_ops=tuple(kspec.source_ops) or AttentionSpec.source_ops)
 

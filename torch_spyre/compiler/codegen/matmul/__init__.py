@@ -163,7 +163,7 @@ def op_work(spec: MatmulSpec) -> dict[str, float]:
     """The op this kernel implements, for the op roofline (card/timing/roofline.py): 2*B*M*N*K flops
     without stick padding, each operand's sticks read once and the output's written once."""
     b, m, n, k = spec.dims
-    reads = [v for v in (spec.a, spec.b, spec.bias, spec.residual) if v is not None]
+    reads = [v for v in (spec.a, spec.b, spec.bias, spec.residual, spec.norm_weight, spec.norm_bias) if v is not None]
     return {"flops": 2.0 * b * m * n * k, "vector_cycles": 0.0, "read_bytes": sum(v.device_bytes() for v in reads),
             "write_bytes": spec.out.device_bytes()}
 
@@ -230,7 +230,8 @@ def _decisions(spec: MatmulSpec, cfg: CardConfig, ranked: list[Plan],
     sh = _core_shape(p, s, t, work[0])
     sp_plan = scratchpad.plan(_buffers(p, s, t, sh, cfg.scratchpad_plannable_bytes), cfg.scratchpad_plannable_bytes)
     d = KernelDecisions(spec.name, "matmul", list(spec.source_ops))
-    for bound, kind in ((p.a, "input"), (p.b, "weight"), (p.bias, "input"), (p.residual, "input"), (p.out, "output")):
+    for bound, kind in ((p.a, "input"), (p.b, "weight"), (p.bias, "input"), (p.residual, "input"),
+                         (p.norm_weight, "weight"), (p.norm_bias, "weight"), (p.out, "output")):
         if bound is not None:
             d.buffers.append(BufferDecision(bound.name, kind, bound.layout.describe()))
     d.work_division = {"cores": s.cores, "split": {"batch": s.batch, "M": s.m, "N_sticks": s.n, "K_split": s.k},
@@ -327,9 +328,13 @@ def generate(kspec: Any, places: dict[str, Any], config: CardConfig) -> Program:
     p = kspec.params
     bias = view("bias") if "bias" in p else None
     residual = view("residual") if "residual" in p else None
+    norm = p.get("norm")  # a LayerNorm after the epilogue (compiler/epilogue.py)
     mspec = MatmulSpec(view("a"), view("b"), view("out"), bias, float(p.get("alpha", 1.0)),
                        float(p.get("beta", 1.0)), p["kind"], kspec.name, tuple(kspec.source_ops),
-                       activation=p.get("activation"), residual=residual)
+                       activation=p.get("activation"), residual=residual,
+                       norm_eps=None if norm is None else float(norm["eps"]),
+                       norm_weight=view("norm_weight") if "norm_weight" in p else None,
+                       norm_bias=view("norm_bias") if "norm_bias" in p else None)
     program, decisions = build_matmul(mspec, config)
     decisions.source_lines = list(kspec.source_lines)
     if "epilogue" in p:  # fused from the compiled graph (compiler/epilogue.py)

@@ -336,7 +336,7 @@ def _core_dram_bytes(p: _Problem, s: Split, w: _CoreWork) -> tuple[int, int, int
     share = 1.0 if s.k == 1 else 0.5  # the two ends of a chain each finish half the chunks
     out = nb * nm * _round(n_el, p.out.layout.lanes) * p.out.layout.itemsize * share if stores else 0
     addends = 0.0
-    for x in (p.bias, p.residual):
+    for x in (p.bias, p.residual, p.norm_weight, p.norm_bias):
         if x is not None and stores:
             if x.lane_dim == 1:  # sticked on M: N rows of M sticks per batch
                 addends += (nb if x.strides[0] else 1) * n_el * _round(nm, x.layout.lanes) * x.layout.itemsize * share

@@ -19,6 +19,7 @@ from ....program import (
     Elementwise,
     Instruction,
     MatMul,
+    Reduce,
     Operand,
     Program,
     RingRecv,
@@ -231,6 +232,10 @@ class _Emitter:
             steps.append((spec.activation, (acc,)))
         if p.residual is not None:
             steps.append(("add", (acc, self.load_addend(p.residual, "res", box, n0, nn))))
+        if p.has_norm:
+            for op, inputs in steps:
+                self.ins.append(Elementwise(op, acc, inputs))
+            steps = self.norm_steps(acc, box, n0, nn)
         if not steps:
             steps.append(("cast", (acc,)))  # the one rounding to the output dtype
         for i, (op, inputs) in enumerate(steps):
@@ -239,6 +244,32 @@ class _Emitter:
             pad = SpTensor(out_off + nn * p.out.layout.itemsize, p.out_dtype, (nb, nm, nt - nn), dense)
             self.ins.append(Elementwise("copy", pad, (Scalar(0.0),)))
         self.ins.append(p.out.dma((b0, m0, n0), (nb, nm, nn), out_off, store=True, row_bytes=nt * p.out.layout.itemsize))
+
+    def norm_steps(self, acc: SpTensor, box: tuple[int, int, int, int], n0: int, nn: int) -> list[tuple]:
+        """LayerNorm over the chunk's rows (whole rows: the plan gives a norm one N tile of all N) on the
+        fp32 accumulator: mean and variance (of the centred values, as torch computes them) in fp32,
+        ``acc = (acc - mean) * rsqrt(var + eps)`` in place; returns the steps left (weight, bias), the last
+        of which writes the output (none: the caller casts)."""
+        p = self.p
+        _, nb, _, nm = box
+        n = p.N
+        stat = lambda name: SpTensor(self.off[name], F32, (nb, nm, 1), (nm, 1, 1))  # noqa: E731
+        wide = lambda st: SpTensor(st.offset, F32, (nb, nm, nn), (nm, 1, 0))  # noqa: E731 - a row's value on each column
+        mean, rstd = stat("ln_mean"), stat("ln_rstd")
+        sq = SpTensor(self.off["ln_sq"], F32, acc.shape, acc.strides)
+        self.ins.append(Reduce("sum", mean, acc, axis=2))
+        self.ins.append(Elementwise("mul", mean, (mean, Scalar(1.0 / n))))
+        self.ins.append(Elementwise("sub", acc, (acc, wide(mean))))
+        self.ins.append(Elementwise("mul", sq, (acc, acc)))
+        self.ins.append(Reduce("sum", rstd, sq, axis=2))
+        self.ins.append(Elementwise("fma", rstd, (rstd, Scalar(1.0 / n), Scalar(float(p.spec.norm_eps)))))
+        self.ins.append(Elementwise("rsqrt", rstd, (rstd,)))
+        steps = [("mul", (acc, wide(rstd)))]
+        if p.norm_weight is not None:
+            steps.append(("mul", (acc, self.load_addend(p.norm_weight, "nw", box, n0, nn))))
+        if p.norm_bias is not None:
+            steps.append(("add", (acc, self.load_addend(p.norm_bias, "nb", box, n0, nn))))
+        return steps
 
     def load_addend(self, x: _Bound, buf: str, box: tuple[int, int, int, int], n0: int, nn: int) -> SpTensor:
         """A bias or residual box, loaded once per distinct row (broadcast dims collapse), viewed at the
@@ -315,6 +346,9 @@ def generate_plan(spec: MatmulSpec, split: Split, tiles: Tiles, config: CardConf
     work = _assign(p, split, config)
     if work is None:
         raise MatmulSpecError(f"{p.describe()}: split {split} leaves cores without work")
+    if p.has_norm and (split.n > 1 or tiles.nt * UNIT < p.N):
+        raise MatmulSpecError(f"{p.describe()} with a LayerNorm epilogue needs whole rows per core and tile: split "
+                              f"{split} and N tiles of {tiles.nt} sticks do not give them")
     if split.k > 1 and tiles.network not in ("reduce", "data"):
         raise MatmulSpecError(f"a K-split sends partial sums over the 'reduce' or the 'data' ring, got {tiles.network!r}")
     sh = _core_shape(p, split, tiles, work[0])
@@ -341,7 +375,8 @@ def generate_plan(spec: MatmulSpec, split: Split, tiles: Tiles, config: CardConf
 def _operands(spec: MatmulSpec) -> list[Operand]:
     out = []
     seen = set()
-    for view, access in ((spec.a, "in"), (spec.b, "in"), (spec.bias, "in"), (spec.residual, "in"), (spec.out, "out")):
+    for view, access in ((spec.a, "in"), (spec.b, "in"), (spec.bias, "in"), (spec.residual, "in"),
+                         (spec.norm_weight, "in"), (spec.norm_bias, "in"), (spec.out, "out")):
         if view is None or view.name in seen:
             continue
         seen.add(view.name)

@@ -150,7 +150,7 @@ def _splits(p: _Problem, cfg: CardConfig) -> list[Split]:
     n, out = cfg.num_cores, []
     for pb in _factors(p.batch, n):
         for pm in _factors(p.M, n // pb):
-            for pn in _factors(p.n_units, n // pb // pm):
+            for pn in ([1] if p.has_norm else _factors(p.n_units, n // pb // pm)):  # a norm: whole rows
                 for pk in _factors(p.k_units, n // pb // pm // pn):
                     s = Split(pb, pm, pn, pk)
                     if _assign(p, s, cfg) is not None:
@@ -225,6 +225,11 @@ def _buffers(p: _Problem, s: Split, t: Tiles, sh: _Shape, room: int | None = Non
             bufs.append(SpBuffer("bias_scaled", chunk * nt * 4))
     if p.residual is not None:
         bufs += [SpBuffer(f"res{i}", _addend_bytes(p.residual, chunk, nt, t)) for i in range(2)]
+    if p.has_norm:  # the norm's weight and bias rows, an fp32 scratch chunk, and per-row statistics
+        for name, x in (("nw", p.norm_weight), ("nb", p.norm_bias)):
+            if x is not None:
+                bufs += [SpBuffer(f"{name}{i}", _addend_bytes(x, chunk, nt, t)) for i in range(2)]
+        bufs += [SpBuffer("ln_sq", chunk * nt * 4), SpBuffer("ln_mean", chunk * 4), SpBuffer("ln_rstd", chunk * 4)]
     if s.k > 1:  # receive slots from the upstream neighbour of each direction
         bufs += [SpBuffer(f"recv{d}", sh.recv_slots * chunk * nt * 4) for d in range(2)]
     if room is not None and _a_buffers(t) == 3:

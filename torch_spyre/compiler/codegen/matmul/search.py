@@ -47,7 +47,7 @@ def _candidate_tiles(p: _Problem, s: Split, cfg: CardConfig, sharing: bool = Tru
         # (1 row) given them streams twice the instructions for nothing (221.3 -> 221.7 us, under 95 %).
         least = 2 if nb * nm >= 64 else 4
         kts += [d for d in sorted(_divisors(ku), reverse=True) if d < kts[-1] and d >= least][:3]
-    for nt in _tile_options(nu, limit):
+    for nt in ([nu] if p.has_norm else _tile_options(nu, limit)):  # a norm needs whole rows in one tile
         for kt in kts:
             for mt in mts:
                 for bt in bts:
@@ -127,7 +127,8 @@ def _core_span(p: _Problem, w: _CoreWork) -> int:
     """Device bytes one core addresses (the sum over operands of max - min), as validate counts it."""
     (b0, nb), (m0, nm), (n0, nn), (k0, nk) = w.batches, w.rows, w.ncols, w.kcols
     boxes = [(p.a, (b0, m0, k0), (nb, nm, nk)), (p.b, (b0, k0, n0), (nb, nk, nn))]
-    boxes += [(x, (b0, m0, n0), (nb, nm, nn)) for x in (p.out, p.bias, p.residual) if x is not None]
+    boxes += [(x, (b0, m0, n0), (nb, nm, nn)) for x in (p.out, p.bias, p.residual, p.norm_weight, p.norm_bias)
+              if x is not None]
     total = 0
     for bound, lo, n in boxes:
         start, end = bound.span(lo, n)
@@ -188,7 +189,7 @@ def plan_key(spec: MatmulSpec, config: CardConfig, keep: int | None, max_cores: 
 
     return (anon(spec.a, "a"), anon(spec.b, "b"), anon(spec.out, "out"), anon(spec.bias, "bias"),
             anon(spec.residual, "residual"), spec.alpha, spec.beta, spec.kind, spec.activation, config, keep, max_cores,
-            sharing_enabled())
+            sharing_enabled(), spec.norm_eps, anon(spec.norm_weight, "norm_weight"), anon(spec.norm_bias, "norm_bias"))
 
 
 def cached_rank_plans(spec: MatmulSpec, config: CardConfig, keep: int | None = None,

@@ -54,6 +54,11 @@ class MatmulSpec:
     # Fused epilogue, applied in fp32 before the one rounding: out = act(alpha*a@b + beta*bias) + residual
     activation: str | None = None  # a unary vector op: "gelu", "gelu_tanh", "relu", "silu", "tanh", ...
     residual: TensorView | None = None  # broadcast to out like the bias
+    # A LayerNorm over N after the epilogue (its whole rows on one core): out = norm(...) * weight + bias
+    # (both [N], optional), in fp32 before the one rounding; None: no norm.
+    norm_eps: float | None = None
+    norm_weight: TensorView | None = None
+    norm_bias: TensorView | None = None
 
     @property
     def dims(self) -> tuple[int, int, int, int]:
@@ -230,6 +235,12 @@ class _Problem:
     M: int
     N: int
     K: int
+    norm_weight: _Bound | None = None
+    norm_bias: _Bound | None = None
+
+    @property
+    def has_norm(self) -> bool:  # a LayerNorm over N in the epilogue: a core must hold whole rows
+        return self.spec.norm_eps is not None
 
     @property
     def a_transposed(self) -> bool:  # A sticked on M: loaded as A^T, transposed in scratchpad
@@ -271,6 +282,9 @@ class _Problem:
             steps.append(spec.activation)
         if self.residual is not None:
             steps.append("add")
+        if self.has_norm:  # row sums, mean, centring, squares, their sums, rsqrt(var + eps), scaling
+            steps += ["sum", "mul", "sub", "mul", "sum", "fma", "rsqrt", "mul"]
+            steps += (["mul"] if self.norm_weight is not None else []) + (["add"] if self.norm_bias is not None else [])
         return steps
 
     def describe(self) -> str:
@@ -314,7 +328,17 @@ def _check(spec: MatmulSpec) -> _Problem:
     for role, bound, want in (("a", A, (2, 1)), ("b", B, (2, 1))):
         if bound.lane_dim not in want:
             raise MatmulSpecError(f"{role} %{bound.name}: sticked on its batch dim; relayout it first")
-    return _Problem(spec, A, B, O, bias, residual, batch, a[1], b[2], a[2])
+    norm = {}
+    if spec.norm_eps is not None:
+        if not (isinstance(spec.norm_eps, float) and spec.norm_eps >= 0):
+            raise MatmulSpecError(f"norm_eps must be a float >= 0, got {spec.norm_eps!r}")
+        for role, v in (("norm_weight", spec.norm_weight), ("norm_bias", spec.norm_bias)):
+            if v is not None and (len(v.shape) != 1 or v.shape[0] != b[2]):
+                raise MatmulSpecError(f"{role} %{v.name} must be [N] = [{b[2]}], got {list(v.shape)}")
+            norm[role] = _bind_addend(v, role, (batch, a[1], b[2]))
+            if norm[role] is not None and norm[role].lane_dim != 2:
+                raise MatmulSpecError(f"{role} %{v.name} must be sticked on N")
+    return _Problem(spec, A, B, O, bias, residual, batch, a[1], b[2], a[2], **norm)
 
 
 def _bind_addend(view: TensorView | None, role: str, out_shape: tuple[int, int, int]) -> _Bound | None:
@@ -366,7 +390,7 @@ def preferred_layouts(spec: MatmulSpec) -> dict[str, StickLayout]:
 def preferred_view_dim(role: str) -> int | None:
     """The dim of a role's view whose host dim should be sticked (for the graph's layout plan): the last
     one for every operand (A: K; B, the output, bias and residual: N); None for an unknown role."""
-    return -1 if role in ("a", "b", "out", "bias", "residual") else None
+    return -1 if role in ("a", "b", "out", "bias", "residual", "norm_weight", "norm_bias") else None
 
 
 def _layout_with_stick(view: TensorView, view_dim: int) -> StickLayout:
