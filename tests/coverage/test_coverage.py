@@ -85,6 +85,57 @@ def test_mamba2_mixers_are_shrunk(model_type):
     assert cfg.mamba_n_heads * cfg.mamba_d_head == width
 
 
+@pytest.mark.parametrize("model_type, shapes", [
+    ("vit", {"pixel_values": (1, 3, 64, 64)}),  # 224 / 16 -> 64 / 16
+    ("dinov2", {"pixel_values": (1, 3, 56, 56)}),  # patch 14: a multiple of the patch, not 64
+    ("swin", {"pixel_values": (1, 3, 64, 64)}),  # window 7 -> 2: tiles the 16, 8, 4, 2 token grids
+    ("wav2vec2", {"input_values": (1, catalog.AUDIO_SAMPLES)}),
+    ("whisper", {"input_features": (1, 80, 64), "decoder_input_ids": (1, 2)}),  # 2 x the 32 source positions
+    ("speech_to_text", {"input_features": (1, 64, 80), "decoder_input_ids": (1, 2)}),  # frames first
+    ("audio-spectrogram-transformer", {"input_values": (1, 128, 128)}),  # max_length 1024 -> 128 frames
+    ("clip", {"input_ids": (2, 8), "attention_mask": (2, 8), "pixel_values": (2, 3, 64, 64)}),  # dual encoder
+])
+def test_vision_and_audio_inputs_are_synthesised(model_type, shapes):
+    """Pixel values from the (shrunken) vision config, audio samples or filterbank features in the layout
+    and length the model asks for: the first candidate whose CPU forward works (build runs it)."""
+    built = catalog.build(model_type)
+    assert {k: tuple(v.shape) for k, v in built.inputs.items()} == shapes
+    assert catalog.reference(built).isfinite().all()
+
+
+def test_a_backbone_is_judged_by_its_deepest_feature_map():
+    built = catalog.build("hgnet_v2")  # HGNetV2Backbone returns feature maps, no hidden state
+    out = built.model(**built.inputs)
+    assert catalog.compared(built, out) is out.feature_maps[-1]
+
+
+def test_inputs_that_cannot_be_synthesised_are_not_buildable(monkeypatch):
+    class Graph(torch.nn.Module):  # a model whose main input is not text, pixels or audio
+        main_input_name = "node_features"
+
+        def forward(self, node_features):
+            return node_features
+
+    monkeypatch.setattr(catalog, "_model_class", lambda model_type, family: (lambda cfg: Graph(), False))
+    record = check.check_model("bert")
+    assert record["status"] == "not_buildable" and "cannot synthesise the input 'node_features'" in record["reason"]
+    assert report.counted([record]) == []
+
+
+def test_a_cpu_forward_that_fails_for_every_candidate_is_not_buildable(monkeypatch):
+    calls = []
+
+    def refuse(built):
+        calls.append({k: tuple(v.shape) for k, v in built.inputs.items()})
+        raise RuntimeError(f"wrong shape {len(calls)}")
+
+    monkeypatch.setattr(catalog, "reference", refuse)
+    with pytest.raises(catalog.NotBuildable, match="CPU forward fails: RuntimeError: wrong shape 1"):
+        catalog.build("whisper")
+    assert calls == [{"input_features": s, "decoder_input_ids": (1, 2)} for s in
+                     [(1, 80, 64), (1, 64, 80)]]  # 2 x 32 positions is the default 64 frames: one length
+
+
 def test_unknown_model_type_is_not_buildable():
     record = check.check_model("no-such-model")
     assert record["status"] == "not_buildable" and "unknown model_type" in record["reason"]
