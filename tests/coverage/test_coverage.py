@@ -218,6 +218,60 @@ def test_report_rates_and_missing_ops():
     assert "| **all** | | 3 | 2/3 (66.7%) | 2/3 (66.7%) |" in md and "spyre coverage --out X" in md
 
 
+def _record(model_type, modality, family, eager, compiled):
+    mode = lambda status: {"status": status, "cosine": 1.0 if status == "pass" else 0.5, "host_ops": {},
+                           "compile_fallbacks": {}}
+    return {"model_type": model_type, "family": family, "modality": modality,
+            "status": "pass" if eager == compiled == "pass" else "fail", "eager": mode(eager), "compiled": mode(compiled)}
+
+
+def test_report_states_per_modality_rates_and_the_targets():
+    records = ([_record(f"e{i}", "text", "encoder", "pass", "pass") for i in range(19)]
+               + [_record("e19", "text", "encoder", "pass", "fail")]  # 19/20 = 95%: met
+               + [_record(f"d{i}", "text", "decoder", "pass", "pass" if i < 8 else "fail") for i in range(10)]  # 80%
+               + [_record("v", "vision", "encoder", "fail", "fail"), _record("a", "audio", "encoder", "pass", "pass")])
+    assert [(w, p, n, met) for w, p, n, _, met in report.targets(records)] == [
+        ("compiled, encoder-only text", 19, 20, True), ("compiled, decoder-only text", 8, 10, False),
+        ("eager, every buildable architecture", 31, 32, False)]  # 96.9% < 97%
+    md = report.markdown(records, universe={"text": 40, "vision": 5, "audio": 3})
+    assert "| text decoder | 10 | 10/10 (100.0%) | 8/10 (80.0%) |" in md
+    assert "| vision | 1 | 0/1 (0.0%) | 0/1 (0.0%) |" in md and "| audio | 1 | 1/1 (100.0%) | 1/1 (100.0%) |" in md
+    assert "| compiled, decoder-only text | >= 90% | 8/10 (80.0%) | no |" in md
+    assert "| text | 30 | 40 |" in md and "| vision | 1 | 5 |" in md
+
+
+def test_report_is_spliced_below_the_marker_of_a_hand_written_document():
+    doc = "# Coverage\n\nprose that stays\n\n" + report.MARKER + "\n\nold results\n"
+    out = report.splice(doc, "# Model coverage\n\n## Targets\n\nnew results\n")
+    assert out.startswith("# Coverage\n\nprose that stays") and "old results" not in out
+    assert out.endswith(report.MARKER + "\n\n## Model coverage\n\n### Targets\n\nnew results\n")
+    assert report.splice("no marker", "# generated\n") == "# generated\n"
+
+
+def test_report_only_merges_records_and_runs_no_model(tmp_path, monkeypatch):
+    monkeypatch.setattr(runners, "run_local", lambda *a: pytest.fail("--report-only ran a model"))
+    monkeypatch.setattr(sweep, "universe", lambda: {"text": 3})
+    other = tmp_path / "other"
+    other.mkdir()
+    sweep.save(other / "coverage.json", _fake_records("gpt2"), sweep.SweepOptions(out=other, command="spyre coverage B"))
+    out = tmp_path / "out"
+    out.mkdir()
+    sweep.save(out / "coverage.json", _fake_records("bert") + [{"model_type": "gpt2", "status": "not_buildable",
+                                                                  "reason": "old"}],
+               sweep.SweepOptions(out=out, command="spyre coverage A"))
+    (out / "coverage.md").write_text("# hand-written\n\n" + report.MARKER + "\n")
+    result = sweep.run(sweep.SweepOptions(out=out, report_only=True, merge=[other / "coverage.json"]), log=lambda m: None)
+    data = json.loads((out / "coverage.json").read_text())
+    assert [r["status"] for r in data["models"]] == ["pass", "pass"] and result.ran == 0  # gpt2's newer record won
+    assert data["options"]["command"] == "spyre coverage A"  # the sweep's own command is kept
+    assert data["options"]["merged"] == [{"file": str(other / "coverage.json"), "command": "spyre coverage B"}]
+    md = (out / "coverage.md").read_text()
+    assert md.startswith("# hand-written") and "spyre coverage A\nspyre coverage B\n" in md
+    assert f"spyre coverage --report-only --out {out}" in md and "| **all** | 2 | 2/2 (100.0%)" in md
+    with pytest.raises(ValueError, match="no .* to report on"):
+        sweep.run(sweep.SweepOptions(out=tmp_path / "empty", report_only=True), log=lambda m: None)
+
+
 def test_crashing_worker_becomes_a_crash_record(monkeypatch):
     monkeypatch.setattr(runners, "MARK", "@@never@@ ")  # the worker's output is not found: as if it died
     record = runners.run_isolated("no-such-model", {"timeout": 60})
