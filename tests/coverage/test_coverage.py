@@ -103,6 +103,13 @@ def test_vision_and_audio_inputs_are_synthesised(model_type, shapes):
     assert catalog.reference(built).isfinite().all()
 
 
+def test_a_model_that_needs_its_full_stage_widths_is_built_with_them():
+    """BiT's group norms (32 groups) do not divide the shrunken stage widths: built with its image and audio
+    fields at their defaults instead of not at all; ConvNeXt takes the shrunken ones."""
+    assert catalog.build("bit").model.config.hidden_sizes == [256, 512, 1024, 2048]
+    assert catalog.build("convnext").model.config.hidden_sizes == [16, 32, 64, 128]
+
+
 def test_a_backbone_is_judged_by_its_deepest_feature_map():
     built = catalog.build("hgnet_v2")  # HGNetV2Backbone returns feature maps, no hidden state
     out = built.model(**built.inputs)

@@ -101,16 +101,18 @@ def classify(model_type: str) -> tuple[str, str]:
     return family, modality
 
 
-def _shrunk_kwargs(cfg, diff_subconfigs: bool = False) -> dict[str, Any]:
+def _shrunk_kwargs(cfg, diff_subconfigs: bool = False, media: bool = True) -> dict[str, Any]:
     """Constructor overrides that shrink ``cfg`` (a config instance with its defaults), sub-configs included.
     ``diff_subconfigs``: a sub-config is passed without the generic fields every config has (for the sub-config classes
-    that refuse the generic fields of a full ``to_dict()``, e.g. DBRX's)."""
+    that refuse the generic fields of a full ``to_dict()``, e.g. DBRX's). ``media``: the image and audio fields
+    too (``shrink.media``)."""
     from transformers import PretrainedConfig
 
     values = cfg.to_dict()
     out = shrink.sizes(values)
     shrink.consistent(values, out)
-    out.update(shrink.media(values))
+    if media:
+        out.update(shrink.media(values))
     for key in list(values):
         sub = getattr(cfg, key, None)
         if isinstance(sub, PretrainedConfig):
@@ -118,11 +120,11 @@ def _shrunk_kwargs(cfg, diff_subconfigs: bool = False) -> dict[str, Any]:
             if diff_subconfigs:
                 generic = PretrainedConfig().to_dict()
                 base = {k: v for k, v in base.items() if k not in generic or k == "model_type"}
-            out[key] = {**base, **_shrunk_kwargs(sub, diff_subconfigs)}
+            out[key] = {**base, **_shrunk_kwargs(sub, diff_subconfigs, media)}
     return out
 
 
-def shrunk_config(model_type: str):
+def shrunk_config(model_type: str, media: bool = True):
     """The config of ``model_type`` with its size fields shrunk; NotBuildable when it cannot be made."""
     from transformers import CONFIG_MAPPING
 
@@ -136,7 +138,7 @@ def shrunk_config(model_type: str):
     error = None
     for diff in (False, True):
         try:
-            kwargs = _shrunk_kwargs(default, diff_subconfigs=diff)
+            kwargs = _shrunk_kwargs(default, diff_subconfigs=diff, media=media)
             return cls(**kwargs), kwargs
         except Exception as e:  # noqa: BLE001
             from .check import ModelTimeout
@@ -243,9 +245,23 @@ def _boxes(cfg, gen: torch.Generator) -> torch.Tensor:
 
 
 def build(model_type: str, seed: int = 0) -> Built:
-    """The shrunken model in eval mode (fp32, CPU) with inputs whose CPU forward works."""
+    """The shrunken model in eval mode (fp32, CPU) with inputs whose CPU forward works. A model that cannot be
+    built with its image and audio fields shrunk too (BiT's group norms need the full stage widths) is tried
+    with them at their defaults; the first error is reported when neither builds."""
+    try:
+        return _build(model_type, seed, media=True)
+    except NotBuildable as first:
+        if shrunk_config(model_type, media=False)[1] == shrunk_config(model_type, media=True)[1]:
+            raise  # nothing to shrink less
+        try:
+            return _build(model_type, seed, media=False)
+        except NotBuildable:
+            raise first from None
+
+
+def _build(model_type: str, seed: int, media: bool) -> Built:
     family, modality = classify(model_type)
-    cfg, changes = shrunk_config(model_type)
+    cfg, changes = shrunk_config(model_type, media)
     cls, with_head = _model_class(model_type, family)
     torch.manual_seed(seed)
     try:
