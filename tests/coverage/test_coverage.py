@@ -139,8 +139,9 @@ def test_a_cpu_forward_that_fails_for_every_candidate_is_not_buildable(monkeypat
     monkeypatch.setattr(catalog, "reference", refuse)
     with pytest.raises(catalog.NotBuildable, match="CPU forward fails: RuntimeError: wrong shape 1"):
         catalog.build("whisper")
-    assert calls == [{"input_features": s, "decoder_input_ids": (1, 2)} for s in
-                     [(1, 80, 64), (1, 64, 80)]]  # 2 x 32 positions is the default 64 frames: one length
+    # shrunken (2 x 32 positions is the default 64 frames: one length), then Whisper's default 1500 positions
+    assert [c["input_features"] for c in calls] == [(1, 80, 64), (1, 64, 80), (1, 80, 3000), (1, 3000, 80),
+                                                    (1, 80, 64), (1, 64, 80)]
 
 
 def test_unknown_model_type_is_not_buildable():
