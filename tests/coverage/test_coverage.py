@@ -254,6 +254,8 @@ def test_report_is_spliced_below_the_marker_of_a_hand_written_document():
     assert out.startswith("# Coverage\n\nprose that stays") and "old results" not in out
     assert out.endswith(report.MARKER + "\n\n## Model coverage\n\n### Targets\n\nnew results\n")
     assert report.splice("no marker", "# generated\n") == "# generated\n"
+    fenced = report.splice(report.MARKER, "# title\n```bash\n# a shell comment\n```\n")
+    assert fenced.endswith("## title\n```bash\n# a shell comment\n```\n")  # code stays as it is
 
 
 def test_report_only_merges_records_and_runs_no_model(tmp_path, monkeypatch):

@@ -64,6 +64,12 @@ def missing_ops(records: list[dict]) -> Counter:
     return ops
 
 
+def _most_common(counts: Counter, n: int) -> list[tuple[str, int]]:
+    """The ``n`` most common, ties by name: the same report from the same records in every process (a
+    Counter's ties follow set order, which string hashing randomises per process)."""
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
+
 def _fmt(x, digits=6) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
@@ -132,7 +138,7 @@ def markdown(records: list[dict], command: str = "", universe: dict[str, int] | 
     if ops:
         lines += ["", "## Ops run on the host or missing (model types using each)", "",
                   "| op | model types |", "|---|---|"]
-        lines += [f"| `{op}` | {n} |" for op, n in ops.most_common(25)]
+        lines += [f"| `{op}` | {n} |" for op, n in _most_common(ops, 25)]
     lines += ["", "## Per model", "",
               "| model_type | modality | family | eager | compiled | cosine (compiled) | simulated ms (compiled) "
               "| host ops | adapters | failure |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -191,7 +197,7 @@ def plots(records: list[dict]) -> list[tuple[str, str]]:
         ax.set_ylabel("model types")
         out.append(("Latency distribution (compiled, simulated)", _png(fig)))
         plt.close(fig)
-    ops = missing_ops(records).most_common(15)
+    ops = _most_common(missing_ops(records), 15)
     if ops:
         fig, ax = plt.subplots(figsize=(7, 0.35 * len(ops) + 1))
         ax.barh([o for o, _ in ops][::-1], [n for _, n in ops][::-1])
@@ -217,8 +223,11 @@ def splice(existing: str, generated: str) -> str:
     if MARKER not in existing:
         return generated
     head = existing[: existing.index(MARKER) + len(MARKER)]
-    body = "\n".join("#" + line if line.startswith("#") else line for line in generated.splitlines())
-    return head + "\n\n" + body + "\n"
+    lines, fenced = [], False
+    for line in generated.splitlines():
+        fenced ^= line.startswith("```")
+        lines.append("#" + line if line.startswith("#") and not fenced else line)  # not a shell comment
+    return head + "\n\n" + "\n".join(lines) + "\n"
 
 
 def write(out: Path, records: list[dict], command: str = "", universe: dict[str, int] | None = None) -> None:
