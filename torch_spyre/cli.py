@@ -263,7 +263,9 @@ def _coverage(args: argparse.Namespace) -> int:
                               families=_names(args.family) if args.family else None,
                               modalities=_names(args.modality) if args.modality else None,
                               workers=args.workers, ray=args.ray, timeout=args.timeout, dtype=args.dtype,
-                              adapters=adapters, command="spyre coverage " + " ".join(args.argv))
+                              adapters=adapters, command="spyre coverage " + " ".join(args.argv),
+                              merge=[Path(f) for f in _names(args.merge)] if args.merge else [],
+                              report_only=args.report_only)
     console = Console(stderr=True)
     # Ctrl-C and a plain kill both stop the sweep keeping finished models (a shell starts background jobs
     # with SIGINT ignored: take it back).
@@ -324,6 +326,11 @@ def _add_coverage_parser(sub: argparse._SubParsersAction) -> None:
                      help="the dtype of the model on the card (the CPU reference is float32)")
     cov.add_argument("--adapters", metavar="none|NAME,...",
                      help="adapters to apply ('none' for none; default: the default set)")
+    cov.add_argument("--merge", metavar="FILE,...", help="coverage.json files of other sweeps whose records "
+                     "replace those in DIR/coverage.json (in order) before the sweep runs what is missing")
+    cov.add_argument("--report-only", action="store_true",
+                     help="run no model: rewrite DIR/coverage.md (below its generated-results marker, if it has "
+                          "one) and coverage.html from DIR/coverage.json")
     cov.add_argument("--require-pass", action="store_true",
                      help="exit 1 when a buildable model fails (CI's smoke sweep)")
     cov.set_defaults(func=_coverage)

@@ -101,14 +101,31 @@ def test_moe_batched_mm_fixes_the_eager_spyre_forward():
     assert torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0) >= 0.9999
 
 
-def test_complex_rope_real_is_equivalent_on_cpu():
-    built = catalog.build("deepseek_v2")
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "llama4_text"])
+def test_complex_rope_real_is_equivalent_on_cpu(model_type):
+    built = catalog.build(model_type)
     ref = catalog.reference(built)
     adapters.adapt(built.model, ["complex_rope_real"])
     assert built.model.spyre_adapters == ("complex_rope_real",)
     torch.testing.assert_close(catalog.reference(built), ref, atol=1e-5, rtol=1e-5)
-    stock = catalog.build("deepseek_v2")  # the module's apply_rotary_emb is wrapped, a stock model is unchanged
+    stock = catalog.build(model_type)  # the module's apply_rotary_emb is wrapped, a stock model is unchanged
     torch.testing.assert_close(catalog.reference(stock), ref, atol=0, rtol=0)
+
+
+@pytest.mark.slow
+def test_complex_rope_real_fixes_llama4_text_on_spyre():
+    """Before: llama4_text fails on spyre (no complex64 on the card). After: it matches the CPU (both sides get
+    moe_batched_mm, Llama 4 being a MoE model: what differs is the rotary embedding alone)."""
+    built = catalog.build("llama4_text")
+    ref = catalog.reference(built)
+    inputs = {k: v.to("spyre") for k, v in built.inputs.items()}
+    stock = torch_spyre.adapt(catalog.build("llama4_text").model, adapters=["moe_batched_mm"]).to("spyre")
+    with torch.no_grad(), pytest.raises(Exception, match="cannot hold complex64"):
+        stock(**inputs)
+    with torch.no_grad():
+        out = built.model.to("spyre")(**inputs).logits.cpu()
+    assert "complex_rope_real" in built.model.spyre_adapters
+    assert torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0) >= 0.9999
 
 
 @pytest.mark.slow

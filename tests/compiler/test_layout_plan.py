@@ -299,3 +299,23 @@ def test_eager_ops_leave_their_arguments_layouts_alone(monkeypatch):
 
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__, "-q"])
+
+
+def test_a_multi_output_kernel_leaves_the_rest_of_the_graph_planned():
+    """topk (a kernel with two outputs: no geometry of its own) used to leave its whole graph without a layout
+    plan: a bmm's B written by a pointwise kernel from a permuted view was then sticked on its batch dim and
+    the matmul refused it (GraniteMoeHybrid's MoE router + Mamba mixer). Now only that node is left out."""
+    from torch._inductor.utils import run_and_get_code
+
+    def fn(a, c, x):
+        return torch.bmm(a, c.permute(2, 1, 0) * 2), torch.topk(x, 2).values
+
+    torch.manual_seed(4)
+    a, c, x = torch.randn(16, 32, 4).half(), torch.randn(16, 4, 16).half(), torch.randn(4, 8)
+    fresh()
+    (out, top), codes = run_and_get_code(torch.compile(fn, dynamic=False), *(t.to("spyre") for t in (a, c, x)))
+    code = "\n".join(codes)
+    assert "topk" in code and "no layout plan" not in code and "for the bmm writing" in code
+    want, want_top = fn(a.float(), c.float(), x)
+    torch.testing.assert_close(out.cpu().float(), want, **F16)
+    torch.testing.assert_close(top.cpu(), want_top, **F16)

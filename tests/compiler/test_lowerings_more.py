@@ -269,6 +269,16 @@ def test_cumsum_of_integers_is_int64_and_exact():
     check(lambda m: (torch.cumsum(m, -1) - 1) * m, m)
 
 
+def test_integer_division_towards_zero():
+    """``div(rounding_mode="trunc")`` on integers (Inductor's truncdiv; JetMoE's expert batch index failed to
+    compile without it): negative dividends and divisors round towards zero, unlike floor division."""
+    a = torch.arange(-20, 20).reshape(4, 10)
+    check(lambda a: a.div(3, rounding_mode="trunc"), a)
+    b = torch.tensor([3, -3, 7, -2, 5, -5, 1, -1, 4, 6]).expand(4, 10).contiguous()
+    got = check(lambda a, b: torch.div(a, b, rounding_mode="trunc") + 1, a, b)
+    assert got.dtype == torch.int64 and int(got[0, 0]) == -20 // 3 + 2  # -6 + 1, where floor gives -7 + 1
+
+
 def test_cumsum_of_a_long_row_keeps_fp32_accuracy():
     x = rnd(2, 5000)
     check(lambda x: torch.cumsum(x, -1), x, tol=dict(atol=2e-3, rtol=1e-4))

@@ -85,6 +85,65 @@ def test_mamba2_mixers_are_shrunk(model_type):
     assert cfg.mamba_n_heads * cfg.mamba_d_head == width
 
 
+@pytest.mark.parametrize("model_type, shapes", [
+    ("vit", {"pixel_values": (1, 3, 64, 64)}),  # 224 / 16 -> 64 / 16
+    ("dinov2", {"pixel_values": (1, 3, 56, 56)}),  # patch 14: a multiple of the patch, not 64
+    ("swin", {"pixel_values": (1, 3, 64, 64)}),  # window 7 -> 2: tiles the 16, 8, 4, 2 token grids
+    ("wav2vec2", {"input_values": (1, catalog.AUDIO_SAMPLES)}),
+    ("whisper", {"input_features": (1, 80, 64), "decoder_input_ids": (1, 2)}),  # 2 x the 32 source positions
+    ("speech_to_text", {"input_features": (1, 64, 80), "decoder_input_ids": (1, 2)}),  # frames first
+    ("audio-spectrogram-transformer", {"input_values": (1, 128, 128)}),  # max_length 1024 -> 128 frames
+    ("clip", {"input_ids": (2, 8), "attention_mask": (2, 8), "pixel_values": (2, 3, 64, 64)}),  # dual encoder
+])
+def test_vision_and_audio_inputs_are_synthesised(model_type, shapes):
+    """Pixel values from the (shrunken) vision config, audio samples or filterbank features in the layout
+    and length the model asks for: the first candidate whose CPU forward works (build runs it)."""
+    built = catalog.build(model_type)
+    assert {k: tuple(v.shape) for k, v in built.inputs.items()} == shapes
+    assert catalog.reference(built).isfinite().all()
+
+
+def test_a_model_that_needs_its_full_stage_widths_is_built_with_them():
+    """BiT's group norms (32 groups) do not divide the shrunken stage widths: built with its image and audio
+    fields at their defaults instead of not at all; ConvNeXt takes the shrunken ones."""
+    assert catalog.build("bit").model.config.hidden_sizes == [256, 512, 1024, 2048]
+    assert catalog.build("convnext").model.config.hidden_sizes == [16, 32, 64, 128]
+
+
+def test_a_backbone_is_judged_by_its_deepest_feature_map():
+    built = catalog.build("hgnet_v2")  # HGNetV2Backbone returns feature maps, no hidden state
+    out = built.model(**built.inputs)
+    assert catalog.compared(built, out) is out.feature_maps[-1]
+
+
+def test_inputs_that_cannot_be_synthesised_are_not_buildable(monkeypatch):
+    class Graph(torch.nn.Module):  # a model whose main input is not text, pixels or audio
+        main_input_name = "node_features"
+
+        def forward(self, node_features):
+            return node_features
+
+    monkeypatch.setattr(catalog, "_model_class", lambda model_type, family: (lambda cfg: Graph(), False))
+    record = check.check_model("bert")
+    assert record["status"] == "not_buildable" and "cannot synthesise the input 'node_features'" in record["reason"]
+    assert report.counted([record]) == []
+
+
+def test_a_cpu_forward_that_fails_for_every_candidate_is_not_buildable(monkeypatch):
+    calls = []
+
+    def refuse(built):
+        calls.append({k: tuple(v.shape) for k, v in built.inputs.items()})
+        raise RuntimeError(f"wrong shape {len(calls)}")
+
+    monkeypatch.setattr(catalog, "reference", refuse)
+    with pytest.raises(catalog.NotBuildable, match="CPU forward fails: RuntimeError: wrong shape 1"):
+        catalog.build("whisper")
+    # shrunken (2 x 32 positions is the default 64 frames: one length), then Whisper's default 1500 positions
+    assert [c["input_features"] for c in calls] == [(1, 80, 64), (1, 64, 80), (1, 80, 3000), (1, 3000, 80),
+                                                    (1, 80, 64), (1, 64, 80)]
+
+
 def test_unknown_model_type_is_not_buildable():
     record = check.check_model("no-such-model")
     assert record["status"] == "not_buildable" and "unknown model_type" in record["reason"]
@@ -165,6 +224,62 @@ def test_report_rates_and_missing_ops():
     assert report.missing_ops(records) == {"aten::x": 2}
     md = report.markdown(records, "spyre coverage --out X")
     assert "| **all** | | 3 | 2/3 (66.7%) | 2/3 (66.7%) |" in md and "spyre coverage --out X" in md
+
+
+def _record(model_type, modality, family, eager, compiled):
+    mode = lambda status: {"status": status, "cosine": 1.0 if status == "pass" else 0.5, "host_ops": {},
+                           "compile_fallbacks": {}}
+    return {"model_type": model_type, "family": family, "modality": modality,
+            "status": "pass" if eager == compiled == "pass" else "fail", "eager": mode(eager), "compiled": mode(compiled)}
+
+
+def test_report_states_per_modality_rates_and_the_targets():
+    records = ([_record(f"e{i}", "text", "encoder", "pass", "pass") for i in range(19)]
+               + [_record("e19", "text", "encoder", "pass", "fail")]  # 19/20 = 95%: met
+               + [_record(f"d{i}", "text", "decoder", "pass", "pass" if i < 8 else "fail") for i in range(10)]  # 80%
+               + [_record("v", "vision", "encoder", "fail", "fail"), _record("a", "audio", "encoder", "pass", "pass")])
+    assert [(w, p, n, met) for w, p, n, _, met in report.targets(records)] == [
+        ("compiled, encoder-only text", 19, 20, True), ("compiled, decoder-only text", 8, 10, False),
+        ("eager, every buildable architecture", 31, 32, False)]  # 96.9% < 97%
+    md = report.markdown(records, universe={"text": 40, "vision": 5, "audio": 3})
+    assert "| text decoder | 10 | 10/10 (100.0%) | 8/10 (80.0%) |" in md
+    assert "| vision | 1 | 0/1 (0.0%) | 0/1 (0.0%) |" in md and "| audio | 1 | 1/1 (100.0%) | 1/1 (100.0%) |" in md
+    assert "| compiled, decoder-only text | >= 90% | 8/10 (80.0%) | no |" in md
+    assert "| text | 30 | 40 |" in md and "| vision | 1 | 5 |" in md
+
+
+def test_report_is_spliced_below_the_marker_of_a_hand_written_document():
+    doc = "# Coverage\n\nprose that stays\n\n" + report.MARKER + "\n\nold results\n"
+    out = report.splice(doc, "# Model coverage\n\n## Targets\n\nnew results\n")
+    assert out.startswith("# Coverage\n\nprose that stays") and "old results" not in out
+    assert out.endswith(report.MARKER + "\n\n## Model coverage\n\n### Targets\n\nnew results\n")
+    assert report.splice("no marker", "# generated\n") == "# generated\n"
+    fenced = report.splice(report.MARKER, "# title\n```bash\n# a shell comment\n```\n")
+    assert fenced.endswith("## title\n```bash\n# a shell comment\n```\n")  # code stays as it is
+
+
+def test_report_only_merges_records_and_runs_no_model(tmp_path, monkeypatch):
+    monkeypatch.setattr(runners, "run_local", lambda *a: pytest.fail("--report-only ran a model"))
+    monkeypatch.setattr(sweep, "universe", lambda: {"text": 3})
+    other = tmp_path / "other"
+    other.mkdir()
+    sweep.save(other / "coverage.json", _fake_records("gpt2"), sweep.SweepOptions(out=other, command="spyre coverage B"))
+    out = tmp_path / "out"
+    out.mkdir()
+    sweep.save(out / "coverage.json", _fake_records("bert") + [{"model_type": "gpt2", "status": "not_buildable",
+                                                                  "reason": "old"}],
+               sweep.SweepOptions(out=out, command="spyre coverage A"))
+    (out / "coverage.md").write_text("# hand-written\n\n" + report.MARKER + "\n")
+    result = sweep.run(sweep.SweepOptions(out=out, report_only=True, merge=[other / "coverage.json"]), log=lambda m: None)
+    data = json.loads((out / "coverage.json").read_text())
+    assert [r["status"] for r in data["models"]] == ["pass", "pass"] and result.ran == 0  # gpt2's newer record won
+    assert data["options"]["command"] == "spyre coverage A"  # the sweep's own command is kept
+    assert data["options"]["merged"] == [{"file": str(other / "coverage.json"), "command": "spyre coverage B"}]
+    md = (out / "coverage.md").read_text()
+    assert md.startswith("# hand-written") and "spyre coverage A\nspyre coverage B\n" in md
+    assert f"spyre coverage --report-only --out {out}" in md and "| **all** | 2 | 2/2 (100.0%)" in md
+    with pytest.raises(ValueError, match="no .* to report on"):
+        sweep.run(sweep.SweepOptions(out=tmp_path / "empty", report_only=True), log=lambda m: None)
 
 
 def test_crashing_worker_becomes_a_crash_record(monkeypatch):

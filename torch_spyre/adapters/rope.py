@@ -10,6 +10,10 @@ of (cos, sin) (times the attention scaling, as the complex one is), and wraps th
 ``apply_rotary_emb`` so that a real table is applied as the complex product written out: for each pair
 (a, b), (a cos - b sin, a sin + b cos). A complex table (a stock model) still takes the original code.
 The result for the shrunken model is in docs/coverage.md.
+
+Llama 4's text model has the same complex rotary embedding (``Llama4TextRotaryEmbedding``, its
+``apply_rotary_emb`` broadcasting over the heads after the sequence: ``[B, S, H, D]``): llama4_text failed
+eager and compiled with the same error (``spyre coverage --models llama4_text``); the adapter covers it too.
 """
 
 from __future__ import annotations
@@ -22,18 +26,21 @@ import torch
 
 from .registry import Adapter, register
 
-_MODULE = "transformers.models.deepseek_v2.modeling_deepseek_v2"
-_ROTARY = "DeepseekV2RotaryEmbedding"
+# modeling module -> (its rotary embedding class, the dim of q/k holding the heads: the table broadcasts there)
+_FAMILIES = {"transformers.models.deepseek_v2.modeling_deepseek_v2": ("DeepseekV2RotaryEmbedding", 1),  # [B, H, S, D]
+             "transformers.models.llama4.modeling_llama4": ("Llama4TextRotaryEmbedding", 2)}  # [B, S, H, D]
 
 
-def _rotaries(model: torch.nn.Module) -> list[torch.nn.Module]:
-    mod = sys.modules.get(_MODULE)
-    cls = getattr(mod, _ROTARY, None)
-    if cls is None:
-        return []
-    # dynamic or long RoPE update inv_freq per call (transformers' dynamic_rope_update): left as they are
-    return [m for m in model.modules() if isinstance(m, cls) and not any(
-        k in str(getattr(m, "rope_type", "default")) for k in ("dynamic", "longrope"))]
+def _rotaries(model: torch.nn.Module, module: str | None = None) -> list[torch.nn.Module]:
+    found = []
+    for name, (cls_name, _) in _FAMILIES.items():
+        cls = getattr(sys.modules.get(name), cls_name, None)
+        if cls is None or module not in (None, name):
+            continue
+        # dynamic or long RoPE update inv_freq per call (transformers' dynamic_rope_update): left as they are
+        found += [m for m in model.modules() if isinstance(m, cls) and not any(
+            k in str(getattr(m, "rope_type", "default")) for k in ("dynamic", "longrope"))]
+    return found
 
 
 def _real_forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -42,12 +49,12 @@ def _real_forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Te
         return torch.stack([freqs.cos(), freqs.sin()], dim=-1) * self.attention_scaling
 
 
-def _real_apply(original):
+def _real_apply(original, head_dim: int):
     @functools.wraps(original)
     def apply_rotary_emb(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor):
         if freqs_cis.is_complex():
             return original(xq, xk, freqs_cis)
-        table = freqs_cis.unsqueeze(1).to(xq.device)  # [B, 1, S, dim/2, 2], as the complex one broadcasts
+        table = freqs_cis.unsqueeze(head_dim).to(xq.device)  # [B, 1, S, dim/2, 2] or [B, S, 1, ...], as the complex one broadcasts
         cos, sin = table[..., 0], table[..., 1]
 
         def rotate(x: torch.Tensor) -> torch.Tensor:
@@ -62,18 +69,22 @@ def _real_apply(original):
 
 
 def _apply(model: torch.nn.Module) -> None:
-    mod = sys.modules[_MODULE]
-    if not getattr(mod.apply_rotary_emb, "_spyre_real", False):
-        mod.apply_rotary_emb = _real_apply(mod.apply_rotary_emb)
-    for rotary in _rotaries(model):
-        rotary.forward = types.MethodType(_real_forward, rotary)
+    for name, (_, head_dim) in _FAMILIES.items():
+        rotaries = _rotaries(model, name)
+        if not rotaries:
+            continue
+        mod = sys.modules[name]
+        if not getattr(mod.apply_rotary_emb, "_spyre_real", False):
+            mod.apply_rotary_emb = _real_apply(mod.apply_rotary_emb, head_dim)
+        for rotary in rotaries:
+            rotary.forward = types.MethodType(_real_forward, rotary)
 
 
 COMPLEX_ROPE_REAL = register(Adapter(
     name="complex_rope_real",
-    fixes="DeepSeek-V2's complex (torch.polar) rotary embedding: the card holds no complex64, so deepseek_v2 "
-          "failed eager and compiled (UnsupportedDtypeError); with the adapter the same rotation runs in real "
-          "arithmetic",
+    fixes="DeepSeek-V2's and Llama 4's complex (torch.polar) rotary embeddings: the card holds no complex64, so "
+          "deepseek_v2 and llama4_text failed eager and compiled (UnsupportedDtypeError); with the adapter the same "
+          "rotation runs in real arithmetic",
     applies=lambda model: bool(_rotaries(model)),
     apply=_apply,
 ))

@@ -250,7 +250,11 @@ def _fixed_producer(plan: LayoutPlan, b: BufferInfo, shape: tuple[int, ...], wan
     except Exception as e:  # noqa: BLE001 - a consumer the generators refuse: they will say so at run time
         plan.notes.append(f"{b.name}: no relayout priced ({type(e).__name__}: {e})")
         return
-    first = next(op for op in operands if op.kernel == readers[0].kernel and op.role == "out").buffer
+    first = next((op.buffer for op in operands if op.kernel == readers[0].kernel and op.role == "out"), None)
+    if first is None:  # its output's size is symbolic (left out of the plan): nowhere to put a relayout
+        plan.notes.append(f"{b.name} is read by {', '.join(who)} wanting dim {dim}; kept as its {b.producer} producer "
+                          "writes it (the reader's output has symbolic sizes)")
+        return
     figures = (f"in-kernel handling costs {in_kernel * 1e6:.2f} us per call, a relayout kernel "
                f"{relayout * 1e6:.2f} us (card timing model)")
     if in_kernel > relayout:

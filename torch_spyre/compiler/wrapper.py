@@ -283,13 +283,16 @@ def _same_stick_layout(old: Any, new: Any, plan: Any = None) -> bool:
 def _graph_layout_plan():
     """The layout plan of the graph being compiled (``V.graph``): its whole-op kernels' operands, who
     produces each buffer, which inputs are weights (AOTAutograd's static inputs: parameters and buffers
-    of the module). A graph with symbolic shapes gets an empty plan (the default layouts)."""
+    of the module). Buffers and operands with symbolic sizes or no geometry of their own (a multi-output
+    kernel's node) are left out and keep the default layouts; the plan covers the rest. (A MoE router's topk
+    in a graph used to leave the whole graph without a plan: GraniteMoeHybrid's Mamba mixer then wrote a
+    bmm's B operand sticked on its batch dim, which the matmul refuses.)"""
     from . import layout_plan as lp
 
     try:
         buffers, operands = _graph_buffers(), _graph_operands()
-    except (TypeError, ValueError, AttributeError, NotImplementedError):  # symbolic sizes and the like
-        return lp.LayoutPlan(notes=["no layout plan: the graph's sizes are not static"])
+    except (TypeError, ValueError, AttributeError, NotImplementedError) as e:  # a node the plan cannot read
+        return lp.LayoutPlan(notes=[f"no layout plan: {type(e).__name__}: {e}"])
     graph = torch_inductor.current_graph()
     return lp.plan_layouts(buffers, operands, inference=bool(getattr(graph, "is_inference", False)))
 
@@ -299,9 +302,17 @@ def _static_input_names() -> set[str]:
     return {names[i] for i in torch_inductor.static_input_indices() if i < len(names)}
 
 
-def _static_geometry(node: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    layout = node.get_layout()
-    return tuple(int(x) for x in layout.size), tuple(int(x) for x in layout.stride)
+def _static_geometry(node: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(size, stride) of a node, or None when they are symbolic or it has none (a kernel with several outputs,
+    e.g. topk's values and indices: its MultiOutputLayout has no geometry, each output has its own)."""
+    try:
+        layout = node.get_layout()
+        size, stride = layout.size, layout.stride
+    except (NotImplementedError, AttributeError):
+        return None
+    if not _is_static([*size, *stride]):
+        return None
+    return tuple(int(x) for x in size), tuple(int(x) for x in stride)
 
 
 def _graph_buffers() -> list[Any]:
@@ -313,15 +324,15 @@ def _graph_buffers() -> list[Any]:
     mutated = set(graph.mutated_buffers)
     out = []
     for name, box in graph.graph_inputs.items():
-        if torch_inductor.is_tensor_box(box) and _on_spyre(box):
-            out.append(BufferInfo(name, *_static_geometry(box), "weight" if name in weights else "input",
+        if torch_inductor.is_tensor_box(box) and _on_spyre(box) and (geometry := _static_geometry(box)):
+            out.append(BufferInfo(name, *geometry, "weight" if name in weights else "input",
                                   device_dtype(box.get_dtype()), name in mutated))
     for op in graph.operations:
-        if not torch_inductor.is_buffer(op) or not _on_spyre(op):
+        if not torch_inductor.is_buffer(op) or not _on_spyre(op) or not (geometry := _static_geometry(op)):
             continue
         generated_here = "pointwise" if torch_inductor.is_computed_buffer(op) else "other"
         producer = getattr(op, "spyre_generator", None) or generated_here
-        out.append(BufferInfo(op.get_name(), *_static_geometry(op), producer, device_dtype(op.get_dtype()),
+        out.append(BufferInfo(op.get_name(), *geometry, producer, device_dtype(op.get_dtype()),
                               op.get_name() in mutated))
     return out
 
@@ -336,7 +347,8 @@ def _graph_operands() -> list[Any]:
             continue
         kernel = f"the {op.spyre_label} writing {op.get_name()}"
         for role, x in [*zip(op.spyre_roles, op.inputs), ("out", op)]:
-            out.append(Operand(kernel, gen, role, x.get_name(), *_static_geometry(x)))
+            if geometry := _static_geometry(x):
+                out.append(Operand(kernel, gen, role, x.get_name(), *geometry))
     return out
 
 

@@ -101,19 +101,18 @@ def classify(model_type: str) -> tuple[str, str]:
     return family, modality
 
 
-def _shrunk_kwargs(cfg, diff_subconfigs: bool = False) -> dict[str, Any]:
+def _shrunk_kwargs(cfg, diff_subconfigs: bool = False, media: bool = True) -> dict[str, Any]:
     """Constructor overrides that shrink ``cfg`` (a config instance with its defaults), sub-configs included.
     ``diff_subconfigs``: a sub-config is passed without the generic fields every config has (for the sub-config classes
-    that refuse the generic fields of a full ``to_dict()``, e.g. DBRX's)."""
+    that refuse the generic fields of a full ``to_dict()``, e.g. DBRX's). ``media``: the image and audio fields
+    too (``shrink.media``)."""
     from transformers import PretrainedConfig
 
     values = cfg.to_dict()
     out = shrink.sizes(values)
     shrink.consistent(values, out)
-    for key in ("image_size",):
-        size, patch = values.get(key), values.get("patch_size")
-        if isinstance(size, int) and isinstance(patch, int) and size > 64 and 64 % patch == 0:
-            out[key] = 64
+    if media:
+        out.update(shrink.media(values))
     for key in list(values):
         sub = getattr(cfg, key, None)
         if isinstance(sub, PretrainedConfig):
@@ -121,11 +120,11 @@ def _shrunk_kwargs(cfg, diff_subconfigs: bool = False) -> dict[str, Any]:
             if diff_subconfigs:
                 generic = PretrainedConfig().to_dict()
                 base = {k: v for k, v in base.items() if k not in generic or k == "model_type"}
-            out[key] = {**base, **_shrunk_kwargs(sub, diff_subconfigs)}
+            out[key] = {**base, **_shrunk_kwargs(sub, diff_subconfigs, media)}
     return out
 
 
-def shrunk_config(model_type: str):
+def shrunk_config(model_type: str, media: bool = True):
     """The config of ``model_type`` with its size fields shrunk; NotBuildable when it cannot be made."""
     from transformers import CONFIG_MAPPING
 
@@ -139,7 +138,7 @@ def shrunk_config(model_type: str):
     error = None
     for diff in (False, True):
         try:
-            kwargs = _shrunk_kwargs(default, diff_subconfigs=diff)
+            kwargs = _shrunk_kwargs(default, diff_subconfigs=diff, media=media)
             return cls(**kwargs), kwargs
         except Exception as e:  # noqa: BLE001
             from .check import ModelTimeout
@@ -170,9 +169,13 @@ def _model_class(model_type: str, family: str):
     raise NotBuildable(f"no model class for {model_type!r} in this transformers")
 
 
-def _inputs(model, cfg, family: str) -> dict[str, torch.Tensor]:
+def _inputs(model, cfg, family: str) -> list[dict[str, torch.Tensor]]:
+    """Candidate inputs for ``model``, the most likely first (``build`` keeps the first whose CPU forward
+    works). Token ids for text; pixel values sized from the vision config; raw audio samples or filterbank
+    features for audio, in the layouts and lengths the speech models ask for."""
     gen = torch.Generator().manual_seed(0)
     name = getattr(model, "main_input_name", "input_ids")
+    params = inspect.signature(model.forward).parameters
     if name == "input_ids":
         vocab = getattr(cfg.get_text_config(), "vocab_size", None) or 256
         low = min(4, vocab - 1)
@@ -180,25 +183,55 @@ def _inputs(model, cfg, family: str) -> dict[str, torch.Tensor]:
         out = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         if family == "encoder-decoder":
             out["decoder_input_ids"] = ids[:, : SEQ_LEN // 2].clone()
-        if "bbox" in inspect.signature(model.forward).parameters:
+        if "bbox" in params:
             out["bbox"] = _boxes(cfg, gen)
-        return out
+        if "pixel_values" in params and getattr(cfg, "vision_config", None) is not None:
+            with_image = {**out, "pixel_values": _pixels(cfg, gen, batch=BATCH)}  # dual encoders (CLIP kin)
+            return [with_image, out]
+        return [out]
     if name == "pixel_values":
-        vc = getattr(cfg, "vision_config", None) or cfg
-        size = getattr(vc, "image_size", 64)
-        size = size[0] if isinstance(size, (list, tuple)) else size
-        channels = getattr(vc, "num_channels", 3)
-        return {"pixel_values": torch.randn(1, channels, size, size, generator=gen)}
+        return [{"pixel_values": _pixels(cfg, gen)}]
+    if name in ("input_values", "input_features"):
+        return [_audio(name, shape, cfg, family) for shape in _audio_shapes(name, cfg)]
+    raise NotBuildable(f"cannot synthesise the input {name!r} (only token ids, pixel values and audio are)")
+
+
+def _pixels(cfg, gen: torch.Generator, batch: int = 1) -> torch.Tensor:
+    """Random pixel values of the vision config's ``num_channels`` x ``image_size`` (shrunk by ``_shrunk_kwargs``)."""
+    vc = getattr(cfg, "vision_config", None) or cfg
+    size = getattr(vc, "image_size", 64)
+    h, w = (size[0], size[-1]) if isinstance(size, (list, tuple)) else (size, size)
+    channels = getattr(vc, "num_channels", None) or 3
+    return torch.randn(batch, channels, h, w, generator=gen)
+
+
+AUDIO_SAMPLES = 1600  # 0.1 s at 16 kHz: 4 or 5 frames after a wav2vec2-style feature encoder
+AUDIO_FRAMES = 64
+
+
+def _audio_shapes(name: str, cfg) -> list[tuple[int, ...]]:
+    """Shapes to try for an audio input: raw samples ``[1, samples]``; filterbank features ``[1, bins, frames]``
+    (Whisper) or ``[1, frames, bins]`` (Speech2Text, AST, conformers). Whisper-like encoders need exactly
+    ``2 * max_source_positions`` frames (shrunk to 32 positions); AST its ``max_length`` frames."""
+    bins = next((getattr(cfg, k) for k in ("num_mel_bins", "feature_size", "input_feat_per_channel", "n_mels")
+                 if isinstance(getattr(cfg, k, None), int)), 80)
+    frames = [AUDIO_FRAMES]
+    for key, factor in (("max_source_positions", 2), ("max_length", 1)):
+        v = getattr(cfg, key, None)
+        if isinstance(v, int) and factor * v not in frames and factor * v <= 4096:
+            frames.insert(0, factor * v)
     if name == "input_values":
-        return {"input_values": torch.randn(1, 1600, generator=gen)}
-    if name == "input_features":
-        bins = getattr(cfg, "num_mel_bins", 80)
-        frames = 2 * getattr(cfg, "max_source_positions", 1500)
-        out = {"input_features": torch.randn(1, bins, min(frames, 3000), generator=gen)}
-        if family == "encoder-decoder":
-            out["decoder_input_ids"] = torch.tensor([[1, 2]])
-        return out
-    raise NotBuildable(f"cannot synthesise the input {name!r}")
+        return [(1, AUDIO_SAMPLES), *[(1, f, bins) for f in frames]]
+    return [shape for f in frames for shape in ((1, bins, f), (1, f, bins))]
+
+
+def _audio(name: str, shape: tuple[int, ...], cfg, family: str) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    out = {name: torch.randn(*shape, generator=gen)}
+    if family == "encoder-decoder":
+        vocab = getattr(cfg.get_text_config(), "vocab_size", None) or 256
+        out["decoder_input_ids"] = torch.randint(min(4, vocab - 1), vocab, (1, 2), generator=gen)
+    return out
 
 
 def _boxes(cfg, gen: torch.Generator) -> torch.Tensor:
@@ -212,23 +245,43 @@ def _boxes(cfg, gen: torch.Generator) -> torch.Tensor:
 
 
 def build(model_type: str, seed: int = 0) -> Built:
-    """The shrunken model in eval mode (fp32, CPU) with inputs whose CPU forward works."""
+    """The shrunken model in eval mode (fp32, CPU) with inputs whose CPU forward works. A model that cannot be
+    built with its image and audio fields shrunk too (BiT's group norms need the full stage widths) is tried
+    with them at their defaults; the first error is reported when neither builds."""
+    try:
+        return _build(model_type, seed, media=True)
+    except NotBuildable as first:
+        if shrunk_config(model_type, media=False)[1] == shrunk_config(model_type, media=True)[1]:
+            raise  # nothing to shrink less
+        try:
+            return _build(model_type, seed, media=False)
+        except NotBuildable:
+            raise first from None
+
+
+def _build(model_type: str, seed: int, media: bool) -> Built:
     family, modality = classify(model_type)
-    cfg, changes = shrunk_config(model_type)
+    cfg, changes = shrunk_config(model_type, media)
     cls, with_head = _model_class(model_type, family)
     torch.manual_seed(seed)
     try:
         model = cls(cfg).eval()
     except Exception as e:  # noqa: BLE001
         raise NotBuildable(f"model cannot be built: {type(e).__name__}: {_first_line(e)}") from None
-    inputs = _inputs(model, cfg, family)
     output = "logits" if with_head else "last_hidden_state"
-    built = Built(model_type, model, inputs, family, modality, output, cls.__name__, changes)
-    try:
-        reference(built)
-    except Exception as e:  # noqa: BLE001
-        raise NotBuildable(f"CPU forward fails: {type(e).__name__}: {_first_line(e)}") from None
-    return built
+    first_error = None
+    for inputs in _inputs(model, cfg, family):
+        built = Built(model_type, model, inputs, family, modality, output, cls.__name__, changes)
+        try:
+            reference(built)
+            return built
+        except Exception as e:  # noqa: BLE001 - try the next candidate; report the first (most likely) error
+            from .check import ModelTimeout
+
+            if isinstance(e, ModelTimeout):
+                raise
+            first_error = first_error or e
+    raise NotBuildable(f"CPU forward fails: {type(first_error).__name__}: {_first_line(first_error)}") from None
 
 
 def compared(built: Built, out: Any) -> torch.Tensor:
@@ -237,6 +290,8 @@ def compared(built: Built, out: Any) -> torch.Tensor:
         value = out.get(built.output)
     else:
         value = getattr(out, built.output, None) if not isinstance(out, (tuple, list)) else None
+    if value is None and isinstance(getattr(out, "feature_maps", None), (tuple, list)) and out.feature_maps:
+        value = out.feature_maps[-1]  # a backbone: its deepest feature map
     if value is None and hasattr(out, "to_tuple"):
         value = next((v for v in out.to_tuple() if isinstance(v, torch.Tensor)), None)
     if value is None and isinstance(out, (tuple, list)):

@@ -64,11 +64,47 @@ def missing_ops(records: list[dict]) -> Counter:
     return ops
 
 
+def _most_common(counts: Counter, n: int) -> list[tuple[str, int]]:
+    """The ``n`` most common, ties by name: the same report from the same records in every process (a
+    Counter's ties follow set order, which string hashing randomises per process)."""
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
+
 def _fmt(x, digits=6) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
-def markdown(records: list[dict], command: str = "") -> str:
+# The issue's targets: (what, mode, which records, required pass rate).
+TARGETS = (("compiled, encoder-only text", "compiled", ("text", "encoder"), 0.95),
+           ("compiled, decoder-only text", "compiled", ("text", "decoder"), 0.90),
+           ("eager, every buildable architecture", "eager", None, 0.97))
+MARKER = "<!-- spyre coverage: everything below this line is generated from coverage.json -->"
+
+
+def by_modality(records: list[dict]) -> dict[str, list[dict]]:
+    """Counted records per reported modality: text split by family (encoder, decoder, encoder-decoder), then
+    vision, audio, multimodal, other."""
+    out: dict[str, list[dict]] = defaultdict(list)
+    for r in counted(records):
+        m = r.get("modality", "other")
+        out[r.get("family", "other") if m == "text" else m].append(r)
+    order = ("encoder", "decoder", "encoder-decoder", "vision", "audio", "multimodal", "other")
+    return {k: out[k] for k in order if k in out}
+
+
+def targets(records: list[dict]) -> list[tuple[str, int, int, float, bool]]:
+    """``(target, passed, counted, required, met)`` for each of ``TARGETS``, measured on ``records``."""
+    rows = []
+    for what, mode, key, need in TARGETS:
+        rs = [r for r in counted(records) if key is None or (r.get("modality"), r.get("family")) == key]
+        p, n = rate(rs, mode)
+        rows.append((what, p, n, need, bool(n) and p / n >= need))
+    return rows
+
+
+def markdown(records: list[dict], command: str = "", universe: dict[str, int] | None = None) -> str:
+    """The summary; ``universe``: model types of the installed transformers per modality (to say how much of
+    it the records cover)."""
     total, built = len(records), len(counted(records))
     lines = ["# Model coverage on the simulated Spyre card", ""]
     if command:
@@ -76,7 +112,21 @@ def markdown(records: list[dict], command: str = "") -> str:
     lines += [f"{total} model types swept; {built} could be built offline from a shrunken config (random weights) "
               f"and count; {total - built} could not (listed at the end, not counted). A mode passes when the "
               f"cosine of its logits or last hidden state with the CPU's (fp32) is >= 0.999.", ""]
-    lines += ["| modality | family | models | eager pass | compiled pass |", "|---|---|---|---|---|"]
+    if universe:
+        swept = Counter(r.get("modality", "other") for r in records)
+        lines += ["| modality | model types swept | in this transformers |", "|---|---|---|"]
+        lines += [f"| {m} | {swept.get(m, 0)} | {n} |" for m, n in sorted(universe.items())]
+        lines.append("")
+    lines += ["## Pass rates per modality", "", "| modality | models | eager pass | compiled pass |", "|---|---|---|---|"]
+    for name, rs in by_modality(records).items():
+        label = f"text {name}" if name in ("encoder", "decoder", "encoder-decoder") else name
+        lines.append(f"| {label} | {len(rs)} | {_pct(*rate(rs, 'eager'))} | {_pct(*rate(rs, 'compiled'))} |")
+    lines.append(f"| **all** | {built} | {_pct(*rate(records, 'eager'))} | {_pct(*rate(records, 'compiled'))} |")
+    lines += ["", "## Targets", "", "| target | required | measured | met |", "|---|---|---|---|"]
+    for what, p, n, need, met in targets(records):
+        lines.append(f"| {what} | >= {100 * need:.0f}% | {_pct(p, n)} | {'yes' if met else 'no'} |")
+    lines += ["", "## Pass rates per modality and family", "",
+              "| modality | family | models | eager pass | compiled pass |", "|---|---|---|---|---|"]
     for (modality, family), rs in groups(records).items():
         lines.append(f"| {modality} | {family} | {len(rs)} | {_pct(*rate(rs, 'eager'))} | {_pct(*rate(rs, 'compiled'))} |")
     lines.append(f"| **all** | | {built} | {_pct(*rate(records, 'eager'))} | {_pct(*rate(records, 'compiled'))} |")
@@ -88,7 +138,7 @@ def markdown(records: list[dict], command: str = "") -> str:
     if ops:
         lines += ["", "## Ops run on the host or missing (model types using each)", "",
                   "| op | model types |", "|---|---|"]
-        lines += [f"| `{op}` | {n} |" for op, n in ops.most_common(25)]
+        lines += [f"| `{op}` | {n} |" for op, n in _most_common(ops, 25)]
     lines += ["", "## Per model", "",
               "| model_type | modality | family | eager | compiled | cosine (compiled) | simulated ms (compiled) "
               "| host ops | adapters | failure |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -147,7 +197,7 @@ def plots(records: list[dict]) -> list[tuple[str, str]]:
         ax.set_ylabel("model types")
         out.append(("Latency distribution (compiled, simulated)", _png(fig)))
         plt.close(fig)
-    ops = missing_ops(records).most_common(15)
+    ops = _most_common(missing_ops(records), 15)
     if ops:
         fig, ax = plt.subplots(figsize=(7, 0.35 * len(ops) + 1))
         ax.barh([o for o, _ in ops][::-1], [n for _, n in ops][::-1])
@@ -157,16 +207,32 @@ def plots(records: list[dict]) -> list[tuple[str, str]]:
     return out
 
 
-def html_report(records: list[dict], command: str = "") -> str:
+def html_report(records: list[dict], command: str = "", universe: dict[str, int] | None = None) -> str:
     """The HTML report: the plots, then the markdown summary's tables as preformatted text."""
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>Spyre model coverage</title></head><body>",
              "<h1>Model coverage on the simulated Spyre card</h1>"]
     for title, png in plots(records):
         parts.append(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='data:image/png;base64,{png}'>")
-    parts.append("<h2>Summary</h2><pre>" + html.escape(markdown(records, command)) + "</pre></body></html>")
+    parts.append("<h2>Summary</h2><pre>" + html.escape(markdown(records, command, universe)) + "</pre></body></html>")
     return "\n".join(parts)
 
 
-def write(out: Path, records: list[dict], command: str = "") -> None:
-    (out / "coverage.md").write_text(markdown(records, command))
-    (out / "coverage.html").write_text(html_report(records, command))
+def splice(existing: str, generated: str) -> str:
+    """``existing`` up to and including ``MARKER``, then ``generated`` one heading level down (a hand-written
+    document that ends in the generated results); ``generated`` alone when there is no marker."""
+    if MARKER not in existing:
+        return generated
+    head = existing[: existing.index(MARKER) + len(MARKER)]
+    lines, fenced = [], False
+    for line in generated.splitlines():
+        fenced ^= line.startswith("```")
+        lines.append("#" + line if line.startswith("#") and not fenced else line)  # not a shell comment
+    return head + "\n\n" + "\n".join(lines) + "\n"
+
+
+def write(out: Path, records: list[dict], command: str = "", universe: dict[str, int] | None = None) -> None:
+    """``out/coverage.md`` (spliced below ``MARKER`` when the file has it) and ``out/coverage.html``."""
+    md = out / "coverage.md"
+    generated = markdown(records, command, universe)
+    md.write_text(splice(md.read_text() if md.exists() else "", generated))
+    (out / "coverage.html").write_text(html_report(records, command, universe))

@@ -206,3 +206,44 @@ def _layers(values: dict, out: dict) -> None:
     layer_types = out.get("layer_types", types)
     if rope == {} and isinstance(layer_types, list):  # per-layer-type rope with no entries (Cohere Compass)
         out["rope_parameters"] = {t: {"rope_type": "default", "rope_theta": 10000.0} for t in set(layer_types)}
+
+
+IMAGE = 64  # pixels a side
+AUDIO_POSITIONS = 32  # Whisper-like encoders: 64 feature frames (the default 1500 positions are 3000 frames)
+
+
+def media(values: dict[str, Any]) -> dict[str, Any]:
+    """Vision and audio size fields: ``image_size`` about ``IMAGE`` (a multiple of ``patch_size``), per-stage
+    lists of hierarchical vision models (Swin, ConvNeXt, Hiera: ``depths`` one block per stage, ``hidden_sizes``
+    16 doubling per stage, ``num_heads`` scaled down so they divide the shrunken widths), and the audio
+    encoder's source positions."""
+    out: dict[str, Any] = {}
+    size, patch = values.get("image_size"), values.get("patch_size")
+    patch = patch[0] if isinstance(patch, (list, tuple)) and patch and _int(patch[0]) else patch
+    side = size[0] if isinstance(size, (list, tuple)) and size and _int(size[0]) else size
+    if _int(side) and side > IMAGE:
+        new = patch * max(2, IMAGE // patch) if _int(patch) and patch > 0 else IMAGE
+        if new < side:
+            out["image_size"] = [new] * len(size) if isinstance(size, (list, tuple)) else new
+    depths = values.get("depths")
+    if _list_of_ints(depths) and max(depths) > 1:
+        out["depths"] = [1] * len(depths)
+    widths = values.get("hidden_sizes")
+    if _list_of_ints(widths) and widths[0] > 16:
+        out["hidden_sizes"] = [16 * 2 ** i for i in range(len(widths))]
+    window, side = values.get("window_size"), out.get("image_size", values.get("image_size"))
+    if _int(window) and window > 1 and _int(side) and _int(patch) and _list_of_ints(depths):
+        # Swin kin: a window that tiles the token grid at every stage (the grid halves per stage)
+        out["window_size"] = max(1, (side // patch) >> (len(depths) - 1))
+    if _int(values.get("num_mel_bins")) and _int(values.get("max_length")) and values["max_length"] > 128:
+        out["max_length"] = 128  # AST: 128 spectrogram frames, not 1024
+    heads = values.get("num_heads")
+    if _list_of_ints(heads) and heads[0] > 1 and all(h % heads[0] == 0 for h in heads):
+        out["num_heads"] = [h // heads[0] for h in heads]  # Swin: [3, 6, 12, 24] -> [1, 2, 4, 8]
+    if _int(values.get("max_source_positions")) and values["max_source_positions"] > AUDIO_POSITIONS:
+        out["max_source_positions"] = AUDIO_POSITIONS
+    return out
+
+
+def _list_of_ints(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(_int(x) for x in v)

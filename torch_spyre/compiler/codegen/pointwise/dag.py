@@ -126,6 +126,11 @@ class Dag:
             # trunc(x) = sign(x) * floor(|x|)
             fl = self._new("floor", [self._new("abs", args, dtype, ni)], dtype, ni)
             return self._new("mul", [self._new("sign", args, dtype, ni), fl], dtype, ni)
+        if op == "truncdiv":
+            # integer division towards zero (C's /; ``div(rounding_mode="trunc")``): a - fmod(a, b) is the
+            # multiple of b towards zero, so its floor division by b is exact (JetMoE's expert batch index)
+            multiple = self._new("sub", [args[0], self._new("fmod", args, dtype, ni)], dtype, ni)
+            return self._new("floordiv", [multiple, args[1]], dtype, ni)
         raise LoweringError(f"pointwise op {op!r} has no Spyre lowering yet")
 
     # --- extents and phases ---------------------------------------------------------------------
