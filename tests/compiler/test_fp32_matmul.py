@@ -128,3 +128,16 @@ def test_highest_fast_executor_gives_the_checked_bits(name, monkeypatch):
     first = fn(*args).cpu()
     monkeypatch.setenv("TORCH_SPYRE_CHECK", "compare")
     torch.testing.assert_close(fn(*args).cpu(), first, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["mm", "linear"])  # linear: an addmm through the epilogue rewrite
+def test_decisions_say_why_k_is_six_times_longer(name, tmp_path, monkeypatch):
+    """An fp32 kernel's K is the parts concatenated: its decisions say so, with the precision."""
+    monkeypatch.setenv("TORCH_SPYRE_DEBUG", "1")
+    monkeypatch.setenv("TORCH_SPYRE_DEBUG_DIR", str(tmp_path))
+    fn, shapes = CASES[name]
+    fresh()
+    torch.compile(fn)(*[a.to("spyre") for a in _inputs(*shapes)])
+    texts = [p.read_text() for p in tmp_path.glob("*.decisions.txt")]
+    matmul = [t for t in texts if "fp32 operands as DLFloat16 parts" in t]
+    assert len(matmul) == 1 and "6 pass(es)" in matmul[0] and "'highest'" in matmul[0]

@@ -12,8 +12,8 @@ It runs in the device's post-grad pass after the epilogue fusion, when the ``mat
 optimization is on (``optimizations.py``). The LayerNorm is recognized in the form Inductor's
 decomposition gives it: an upcast to fp32 (for 16-bit values), ``var_mean(correction=0, keepdim)`` over
 the last dim, ``(x - mean) * rsqrt(var + eps)``, an optional ``* weight`` and ``+ bias`` of [N], the
-downcast. Each intermediate must have no other reader. 16-bit matmuls only (fp32 ones run as several
-passes summed in a pointwise kernel, ``fp32_matmul.py``).
+downcast. Each intermediate must have no other reader. 16-bit matmuls only (an fp32 matmul's kernel
+multiplies 16-bit parts concatenated along K, ``fp32_matmul.py``; the norm was not built for it).
 
 When no tiling of the fused kernel fits the scratchpad (whole rows of a wide N per core), the graph keeps
 the LayerNorm's own kernel and the matmul's decisions say why (``note``): the compile never fails for it.

@@ -62,7 +62,7 @@ def _arange_length(node: Any) -> int | None:
         elif node.target in (_aten.arange.default, _aten.arange.start, _aten.arange.start_step):
             args = list(node.args)
             start, end, step = (0, args[0], 1) if node.target is _aten.arange.default else \
-                (args[0], args[1], args[2] if len(args) > 2 else 1)
+                (args[0], args[1], args[2] if len(args) > 2 else node.kwargs.get("step", 1))
             return end if start == 0 and step == 1 and isinstance(end, int) else None
         else:
             return None

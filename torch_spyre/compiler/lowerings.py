@@ -103,9 +103,7 @@ def _lower_matmul(kind: str):
         passes = fp32_matmul.passes()
         a, b = fp32_matmul.k_concatenated(*args[n_in - 2:n_in], passes)
         inputs = [_matmul_operand(torch_inductor.realize_input(x)) for x in (*args[:n_in - 2], a, b)]
-        note = {"note": f"fp32 operands as DLFloat16 parts for the PE arrays, {len(passes)} pass(es) concatenated "
-                        f"along K (float32_matmul_precision={fp32_matmul.precision()!r}); fp32 accumulation and output"}
-        return _matmul_extern(kind, roles, inputs, alpha, beta, out_dtype, note)
+        return _matmul_extern(kind, roles, inputs, alpha, beta, out_dtype, _fp32_note(passes))
 
     return lower
 
@@ -116,6 +114,14 @@ def _matmul_extern(kind: str, roles: list[str], inputs: list, alpha, beta, out_d
     size = [*a.get_size()[:-1], b.get_size()[-1]]
     params = {"kind": kind, "alpha": float(alpha), "beta": float(beta)} | params
     return _extern("matmul", label or kind, roles, inputs, size, out_dtype, params)
+
+
+def _fp32_note(passes) -> dict:
+    """Why an fp32 matmul's K is several times the op's (recorded in its decisions)."""
+    from . import fp32_matmul
+
+    return {"note": f"fp32 operands as DLFloat16 parts for the PE arrays, {len(passes)} pass(es) concatenated "
+                    f"along K (float32_matmul_precision={fp32_matmul.precision()!r}); fp32 accumulation and output"}
 
 
 def _lower_matmul_epilogue(a, b, bias, residual, activation, alpha, beta, norm_weight=None, norm_bias=None,
@@ -148,7 +154,9 @@ def _lower_matmul_epilogue(a, b, bias, residual, activation, alpha, beta, norm_w
     roles = (["bias"] if bias is not None else []) + (["residual"] if residual is not None else []) + \
         [r for r, x in norm.items() if x is not None] + ["a", "b"]
     if out_dtype == torch.float32:  # the PE arrays multiply 16-bit parts, concatenated along K
-        a, b = fp32_matmul.k_concatenated(a, b, fp32_matmul.passes())
+        passes = fp32_matmul.passes()
+        a, b = fp32_matmul.k_concatenated(a, b, passes)
+        params |= _fp32_note(passes)
     inputs = [_matmul_operand(torch_inductor.realize_input(x)) for x in (*addends, a, b)]
     params["activation"] = activation
     return _matmul_extern(kind, roles, inputs, alpha, beta, out_dtype, params, label)

@@ -13,8 +13,8 @@ attention reads q, k and v as head views of the one buffer (``codegen/attention`
 The rewrite runs in the device's post-grad pass after the fused MLP's and the matmul epilogues' (so a
 matmul with an activation or a residual keeps its epilogue kernel), when the ``matmul_group``
 optimization is on (``optimizations.py``). A member is a plain ``mm`` / ``addmm`` (alpha = beta = 1, a
-bias of [N] or none) of 16-bit floats (fp32 matmuls run as several passes over 16-bit parts:
-``fp32_matmul.py``), with a 2-d weight whose N is whole sticks (each member's columns start on a stick
+bias of [N] or none) of 16-bit floats (an fp32 matmul multiplies 16-bit parts concatenated along K, ``fp32_matmul.py``,
+which the group generator was not built for), with a 2-d weight whose N is whole sticks (each member's columns start on a stick
 boundary: stores move whole sticks, and two matmuls must not share one). Matmuls whose inputs are the
 same node, or reshapes of one node to one shape, form a group; two or more are rewritten, as many as keep
 all their operands within the device bytes one core may address in a kernel.
@@ -85,8 +85,8 @@ def group_matmuls(gm: torch.fx.GraphModule) -> list[Group]:
         if node.op == "call_function" and node.target in _MATMULS and _member(node):
             groups.setdefault(_input_key(_operands(node)[0]), []).append(node)
     done = []
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for members in groups.values():
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}  # again: a rewrite adds and moves nodes
         members = _within_span([m for m in members if _movable_operands(m, members[0], order)])
         if len(members) >= 2:
             done.append(_rewrite(gm.graph, members, order))

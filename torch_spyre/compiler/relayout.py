@@ -10,6 +10,8 @@ the DLFloat16 codes exactly).
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections import OrderedDict
 from typing import Any
 
 from ..errors import SpyreError
@@ -87,22 +89,30 @@ def relayout(t: Any, stick_dim: int) -> Any:
 
 
 # Prepared relayout programs by (card, source layout, destination layout): a weight is relayouted once,
-# but a model has many weights of one shape.
-_PREPARED: dict[tuple, Any] = {}
+# but a model has many weights of one shape. Bounded (an LRU), and an entry prepared for a card object
+# since replaced (another configuration) is made again.
+_PREPARED: OrderedDict[tuple, Any] = OrderedDict()
+_PREPARED_SIZE = 256
+_PREPARED_LOCK = threading.Lock()
 
 
 def _prepared_relayout(card: int, src: StickLayout, dst: StickLayout, in_place: bool = False) -> Any:
     from ..device import cards
     from ..runtime.launch import prepare
 
+    c = cards.card(card)
     key = (card, src, dst, in_place)
-    if key not in _PREPARED:
-        c = cards.card(card)
-        name = f"spyre_relayout_{'x'.join(map(str, src.host_shape))}_d{src.stick_dim}_to_d{dst.stick_dim}"
-        program = (onchip_relayout_program(src, dst, c.config, in_place=True, name=name + "_onchip") if in_place
-                   else relayout_program(src, dst, c.config, name))
-        _PREPARED[key] = prepare(program, c)
-    return _PREPARED[key]
+    with _PREPARED_LOCK:
+        prepared = _PREPARED.get(key)
+        if prepared is None or prepared.card is not c:
+            name = f"spyre_relayout_{'x'.join(map(str, src.host_shape))}_d{src.stick_dim}_to_d{dst.stick_dim}"
+            program = (onchip_relayout_program(src, dst, c.config, in_place=True, name=name + "_onchip")
+                       if in_place else relayout_program(src, dst, c.config, name))
+            prepared = _PREPARED[key] = prepare(program, c)
+        _PREPARED.move_to_end(key)
+        while len(_PREPARED) > _PREPARED_SIZE:
+            _PREPARED.popitem(last=False)
+        return prepared
 
 
 def onchip_fallback(src: StickLayout, dst: StickLayout, card: int = 0) -> str | None:

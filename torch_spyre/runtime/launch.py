@@ -26,6 +26,7 @@ prologue); here the "program region" is the prepared address arrays.
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Union
@@ -33,7 +34,7 @@ from typing import Any, Mapping, Union
 import numpy as np
 
 from ..errors import SpyreError
-from ..card.execute import ProvedExecutor, dram_addr
+from ..card.execute import ExecutionError, ProvedExecutor, dram_addr
 from ..card.memory import Allocation, InvalidAddressError
 from ..card.timing import time_program
 from ..card.validate import validate
@@ -291,13 +292,27 @@ def launch(prepared: PreparedProgram, bindings: Mapping[str, Binding], stream: _
         if _timing_only.skip_launch(card.memory, prepared.program.operands, bases):
             stats = None  # timing-only (or inputs without data): the clock advances, nothing is computed
         else:
-            stats = prepared.executor.run(prepared.dma_addresses, bases, prepared.operand_nbytes)
+            try:
+                stats = prepared.executor.run(prepared.dma_addresses, bases, prepared.operand_nbytes)
+            except ExecutionError as e:
+                raise _named(e, prepared) from e
         prepared.launches += 1
     launch_id = next(_launch_ids)
     rec = stream.enqueue(prepared.name, prepared.duration, kind="kernel", resource="compute",
                          details={**prepared.kernel_details, "launch_id": launch_id})
     return LaunchRecord(prepared.name, card.index, stream.stream_id, launch_id, rec.start, rec.end,
                         prepared.timing, stats, dict(zip(prepared.operand_names, bases.tolist())))
+
+
+def _named(error: ExecutionError, prepared: PreparedProgram) -> ExecutionError:
+    """``error`` of a shared executor (:meth:`PreparedProgram.renamed`) in this launch's names: the kernel
+    that failed, and its operands where the message names the first kernel's."""
+    shared_names = prepared.executor.operand_names
+    if prepared.executor.program.name == prepared.name and shared_names == prepared.operand_names:
+        return error
+    own = dict(zip(shared_names, prepared.operand_names))
+    text = re.sub(r"%([A-Za-z_][\w.]*)", lambda m: "%" + own.get(m.group(1), m.group(1)), str(error))
+    return type(error)(f"{prepared.name}: {text}")
 
 
 def _resolve_stream(prepared: PreparedProgram, stream: _stream.Stream | None) -> _stream.Stream:

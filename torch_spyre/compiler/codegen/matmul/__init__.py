@@ -344,5 +344,7 @@ def generate(kspec: Any, places: dict[str, Any], config: CardConfig) -> Program:
                             "unfused": "a pointwise kernel per chain, reading the matmul's output from device memory"}
     if "unfused_mlp" in p:  # part of an MLP block whose fused kernel did not fit (lowerings._lower_fused_mlp)
         decisions.notes.append(p["unfused_mlp"])
+    if "note" in p:  # an fp32 matmul's K as 16-bit parts concatenated (lowerings._fp32_note)
+        decisions.notes.append(p["note"])
     program.metadata["decisions"] = decisions.to_dict()
     return program
