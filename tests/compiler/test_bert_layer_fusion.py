@@ -253,6 +253,71 @@ def test_layer_norm_that_fits_no_tiling_keeps_its_kernel_and_says_why(monkeypatc
     assert any(n.startswith("matmul_layer_norm not used:") and "no tiling" in n for n in notes), notes
 
 
+def _normed_spec(M: int, K: int, N: int, a_stick: int = -1, b_on_k: bool = False):
+    """addmm + residual + LayerNorm over N, fp16 operands, the given layouts."""
+    from torch_spyre.card.layout import StickLayout
+    from torch_spyre.compiler.access import TensorView
+    from torch_spyre.compiler.codegen.matmul import MatmulSpec
+
+    def v(name, shape, stick=-1):
+        return TensorView(name, StickLayout(shape, stick, "dlfloat16"), shape)
+
+    b = TensorView("b", StickLayout((N, K), -1, "dlfloat16"), (K, N), (1, K)) if b_on_k else v("b", (K, N))
+    return MatmulSpec(v("a", (M, K), a_stick), b, v("out", (M, N)), v("bias", (N,)), 1.0, 1.0, "addmm", "t",
+                      residual=v("residual", (M, N)), norm_eps=1e-5, norm_weight=v("nw", (N,)), norm_bias=v("nb", (N,)))
+
+
+def test_whole_rows_of_n_4096_fit_with_b_sticked_on_n_and_match_cpu():
+    """N = 4096: one B tile of whole rows is K sticks x 4096 x 2 bytes (two of them), so only K tiles of
+    one stick fit next to the rows' buffers; K = 2048's largest equal pieces (32 sticks down to 6) do
+    not, the search adds K tiles of 4, 2, 1 sticks for a norm. With B sticked on K its transposed copies
+    double that and nothing fits (documented: "LayerNorm epilogue")."""
+    from torch_spyre.compiler.codegen.matmul import MatmulSpecError, cached_rank_plans
+    from torch_spyre.device import cards
+
+    [plan] = cached_rank_plans(_normed_spec(64, 2048, 4096), cards.config(), keep=1)[:1]
+    assert plan.split.n == 1 and plan.tiles.nt == 64 and plan.tiles.kt <= 4
+    with pytest.raises(MatmulSpecError, match="no tiling fits"):
+        cached_rank_plans(_normed_spec(64, 2048, 4096, b_on_k=True), cards.config(), keep=1)
+    g = torch.Generator().manual_seed(3)
+    r = lambda *s: torch.randn(*s, generator=g).half()  # noqa: E731
+    x, w_kn, b, res, nw, nb = r(64, 2048), r(2048, 4096) * 0.05, r(4096), r(64, 4096), r(4096), r(4096)
+    got = epilogue.op()(*(t.to("spyre") for t in (x, w_kn, b, res)), None, 1.0, 1.0, nw.to("spyre"),
+                        nb.to("spyre"), 1e-5).cpu()
+    want = F.layer_norm(x.float() @ w_kn.float() + b.float() + res.float(), (4096,), nw.float(), nb.float(), 1e-5)
+    torch.testing.assert_close(got.float(), want, **TOL[torch.float16])
+
+
+def test_layer_norm_is_kept_only_when_a_sticked_on_m_fits_too(monkeypatch):
+    """The layout plan may give A sticked on M at run time (two more A buffers of whole 64-row sticks):
+    at 96 KiB per core the 2x8x64x128 kernel fits with A sticked on K but not on M, so the LayerNorm
+    keeps its own kernel and the note says which layout did not fit."""
+    from torch_spyre.compiler.codegen import matmul
+    from torch_spyre.device import cards
+
+    monkeypatch.setattr(cards, "_config", cards.config().model_copy(update={"scratchpad_plannable_bytes": 96 * 1024}))
+    tried = []
+    real = matmul.cached_rank_plans
+
+    def spy(spec, config, **kw):
+        try:
+            out = real(spec, config, **kw)
+        except matmul.MatmulSpecError:
+            tried.append((spec.a.layout.stick_dim, False))
+            raise
+        tried.append((spec.a.layout.stick_dim, True))
+        return out
+
+    monkeypatch.setattr(matmul, "cached_rank_plans", spy)
+    gm = _graph(_post_ln, *_post_ln_args())
+    epilogue.fuse_matmul_epilogues(gm)
+    assert epilogue_norm.fuse_layer_norms(gm) == []
+    assert tried == [(2, True), (1, False)]  # A [batch, M, K]: sticked on K fits, on M does not
+    [node] = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is epilogue.op()]
+    assert node.args[7:10] == (None, None, None)
+    assert "not used: no tiling with whole rows per core fits with A sticked on M" in node.args[10]
+
+
 # --- index by aranges ------------------------------------------------------------------------------
 def _padding_mask(mask):
     """transformers 5's padding mask: ``mask[batch_idx, kv_idx]`` with aranges, and'ed with ``q_idx >= 0``."""

@@ -145,8 +145,11 @@ def _vector(t: Any, n: int) -> bool:
 
 def fit_reason(m: Norm) -> str | None:
     """None when some tiling of the fused kernel fits the scratchpad, else why not. Checked on the static
-    shapes with the layouts that need the most scratchpad (the weight sticked on K, transposed in the
-    kernel), since the layouts the graph's layout plan gives are not known here."""
+    shapes for every layout the graph's layout plan may give at run time (not known here): the weight
+    sticked on K (transposed in the kernel, the most scratchpad) and A sticked on K or on M (then
+    transposed in scratchpad: two more A buffers, rows in whole sticks). The norm is kept only when both
+    fit. The residual is taken sticked on N, as the layout plan asks for it (sticked on M it needs
+    2 x 64 more rows per chunk: 128x1024x1024 would not fit, and BERT-large would lose the fusion)."""
     from ..card.layout import StickLayout
     from ..device import cards
     from .access import TensorView, device_dtype_of
@@ -157,26 +160,31 @@ def fit_reason(m: Norm) -> str | None:
     if any(s is not None and not all(isinstance(d, int) for d in s) for s in shapes):
         return "symbolic shapes (the fit is checked on static shapes)"
 
-    def view(name: str, t: Any, transposed: bool = False) -> TensorView | None:
+    def view(name: str, t: Any, transposed: bool = False, stick: int = -1) -> TensorView | None:
         if t is None:
             return None
         shape, ddt = tuple(_val(t).shape), device_dtype_of(_val(t).dtype)
         if transposed and len(shape) == 2:
             return TensorView(name, StickLayout(shape[::-1], -1, ddt), shape, (1, shape[0]))
-        return TensorView(name, StickLayout(shape, -1, ddt), shape)
+        if len(shape) < 2 or shape[-2] <= 1:
+            stick = -1  # no M dim to stick on
+        return TensorView(name, StickLayout(shape, stick, ddt), shape)
 
-    va, vb = view("a", a), view("b", b, transposed=True)
-    if len(va.shape) == 3 and len(vb.shape) == 2:
-        vb = vb.expanded(va.shape[0])
-    out = TensorView("out", StickLayout(tuple(_val(m.matmul).shape), -1, va.dtype), tuple(_val(m.matmul).shape))
-    spec = MatmulSpec(va, vb, out, view("bias", bias), float(m.matmul.args[5]), float(m.matmul.args[6]),
-                      "baddbmm" if len(va.shape) == 3 else "addmm", "fit", activation=m.matmul.args[4],
-                      residual=view("residual", residual), norm_eps=m.eps, norm_weight=view("norm_weight", m.weight),
-                      norm_bias=view("norm_bias", m.bias))
-    try:
-        cached_rank_plans(spec, cards.config(), keep=1)
-    except MatmulSpecError as e:
-        return f"no tiling with whole rows per core fits ({e})"
+    vb = view("b", b, transposed=True)
+    out_shape = tuple(_val(m.matmul).shape)
+    for a_stick in (-1, -2):  # A sticked on K, on M
+        va = view("a", a, stick=a_stick)
+        if len(va.shape) == 3 and len(vb.shape) == 2:
+            vb = vb.expanded(va.shape[0])
+        out = TensorView("out", StickLayout(out_shape, -1, va.dtype), out_shape)
+        spec = MatmulSpec(va, vb, out, view("bias", bias), float(m.matmul.args[5]), float(m.matmul.args[6]),
+                          "baddbmm" if len(va.shape) == 3 else "addmm", "fit", activation=m.matmul.args[4],
+                          residual=view("residual", residual), norm_eps=m.eps,
+                          norm_weight=view("norm_weight", m.weight), norm_bias=view("norm_bias", m.bias))
+        try:
+            cached_rank_plans(spec, cards.config(), keep=1)
+        except MatmulSpecError as e:
+            return f"no tiling with whole rows per core fits with A sticked on {'K' if a_stick == -1 else 'M'} ({e})"
     return None
 
 

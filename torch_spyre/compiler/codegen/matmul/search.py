@@ -47,6 +47,8 @@ def _candidate_tiles(p: _Problem, s: Split, cfg: CardConfig, sharing: bool = Tru
         # (1 row) given them streams twice the instructions for nothing (221.3 -> 221.7 us, under 95 %).
         least = 2 if nb * nm >= 64 else 4
         kts += [d for d in sorted(_divisors(ku), reverse=True) if d < kts[-1] and d >= least][:3]
+    elif p.has_norm:  # whole rows of N per B tile: a wide N (4096) fits only with K tiles of few sticks
+        kts += [d for d in (4, 2, 1) if d < kts[-1]]
     for nt in ([nu] if p.has_norm else _tile_options(nu, limit)):  # a norm needs whole rows in one tile
         for kt in kts:
             for mt in mts:
