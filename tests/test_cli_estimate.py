@@ -110,7 +110,13 @@ def test_two_cards_halve_the_split_weights_and_add_the_modeled_collectives(tiny_
         # The latency is the shard's kernels plus the collectives, back to back on one stream.
         kernels = sum(k["ms_total"] for k in two["kernels"] if k["phase"] == phase)
         assert two[key] == pytest.approx(kernels + two[f"{phase}_collective_ms"], rel=1e-9)
-        assert 0 < kernels < sum(k["ms_total"] for k in one["kernels"] if k["phase"] == phase)
+        assert kernels > 0
+        # Each card does about half the work (flops: 50.5 % in prefill, 51.3 % in decode; norms and rotary
+        # tables are replicated). Time is not compared: this tiny shard is fixed-cost bound, and its K/V
+        # projections (one 32-wide head) are not whole sticks, so they cannot join the Q projection's matmul
+        # group as they do on one card (0.98 ms of kernels against 0.89 ms in prefill).
+        work = [sum(k["flops"] * k["calls"] for k in r["kernels"] if k["phase"] == phase) for r in (one, two)]
+        assert 0.45 * work[0] < work[1] < 0.55 * work[0], work
 
 
 def test_the_report_prints_the_figures_and_tables():
