@@ -13,7 +13,10 @@
   LayerNorm after them, ``epilogue_norm.py``) -> generator "matmul" with the epilogue in the kernel;
 - ``spyre::matmul_group`` (matmuls reading one input, ``matmul_group.py``) -> generator "matmul_group";
 - ``spyre::fused_mlp`` (up (+gate) -> activation -> down, ``fused_mlp.py``) -> generator "mlp", or the
-  unfused kernels when no tiling of the fused kernel fits the scratchpad.
+  unfused kernels when no tiling of the fused kernel fits the scratchpad;
+- ``copy_`` into a graph input written only by that copy (an eager op's write-only ``out=``, e.g. the
+  ``addmm.out`` an eager ``nn.Linear`` reaches) from a whole-op kernel's result of the same strides -> that
+  kernel writes the input directly (no copy kernel after it); any other ``copy_`` is Inductor's.
 
 :func:`register_lowerings` puts them in Inductor's global lowerings table (through the seam,
 ``torch_spyre/_torch/inductor.py``); each one hands tensors of other devices to Inductor's own lowering.
