@@ -145,6 +145,44 @@ def test_in_place_and_out_variants_write_the_real_outputs():
     assert_programs_only(torch_spyre.fallback_stats())
 
 
+def _kernels(fn):
+    import torch_spyre.profiler
+
+    with torch.no_grad(), torch_spyre.profiler.profile() as prof:
+        result = fn()
+    torch.spyre.synchronize()
+    return result, [r.name for r in prof.events() if r.kind == "kernel"]
+
+
+def test_an_eager_fp32_linear_writes_its_out_directly_without_a_copy_kernel():
+    """nn.Linear reaches addmm.out with a write-only out=: the matmul kernel writes it; before, a copy
+    program followed (4 launches: the two DLFloat16 splits, the matmul, the copy)."""
+    lin = torch.nn.Linear(64, 96)
+    x = _x(4, 8, 64)
+    on_spyre = torch.nn.Linear(64, 96).to("spyre")
+    on_spyre.load_state_dict(lin.state_dict())
+    _kernels(lambda: on_spyre(s(x)))  # compile
+    y, names = _kernels(lambda: on_spyre(s(x)))
+    assert len(names) == 3 and names[-1].startswith("spyre_addmm") and not any("copy" in n for n in names), names
+    torch.testing.assert_close(y.cpu(), lin(x), **TOL[torch.float32])
+    assert_programs_only(torch_spyre.fallback_stats())
+
+
+def test_an_out_the_matmul_reads_or_of_other_strides_is_still_copied_into():
+    """The direct write needs an out= nothing else reads, of the kernel's own strides: otherwise the copy
+    kernel stays, and the results are the CPU's."""
+    a, b, c = _x(8, 64), _x(64, 64, seed=1), _x(8, 64, seed=2)
+    read = s(c.clone())
+    (r, names) = _kernels(lambda: torch.addmm(read, s(a), s(b), out=read))  # out= is also the bias
+    assert r is read and names[-2].startswith("spyre_addmm") and len(names) == 5, names  # a copy kernel last
+    torch.testing.assert_close(read.cpu(), torch.addmm(c, a, b), **TOL[torch.float32])
+    view = s(torch.zeros(8, 128))[:, 64:]  # strides (128, 1), not the kernel's (64, 1)
+    _, names = _kernels(lambda: torch.mm(s(a), s(b), out=view))
+    assert names[-2].startswith("spyre_mm") and len(names) == 4, names
+    torch.testing.assert_close(view.cpu(), a @ b, **TOL[torch.float32])
+    assert_programs_only(torch_spyre.fallback_stats())
+
+
 def test_out_of_another_shape_is_resized_as_on_the_cpu():
     a = _x(8, 64)
     empty = s(torch.empty(0))

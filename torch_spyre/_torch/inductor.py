@@ -8,7 +8,8 @@ for), so the compiler's modules can import it at their top. What the compiler ne
   :func:`never_trace` (Dynamo skips the device's Python kernels);
 - base classes: :data:`SchedulingBase`, :data:`PythonWrapperCodegenBase`, :data:`DeviceInterfaceBase`,
   :data:`DeviceOpOverridesBase`, :data:`ExternKernelOutBase`, :data:`GraphModulePassBase`;
-- the graph being compiled and its IR: :func:`current_graph`, :func:`recording_ops`, :func:`loop_ops`,
+- the graph being compiled and its IR: :func:`current_graph`, :func:`current_fx_node`, :func:`write_into`, :func:`written_into`,
+  :func:`recording_ops`, :func:`loop_ops`,
   :func:`realize_input`, :func:`require_contiguous`, :func:`copy_input`, :func:`fixed_layout`,
   :func:`tensor_box`, :func:`to_dtype`, :func:`permute`, :func:`pointwise`, ``is_*`` tests of IR nodes;
 - the scheduler: :func:`is_fusable_node`, :func:`is_foreach_node`, :func:`ranges_compatible`,
@@ -89,6 +90,7 @@ PRIVATE_SYMBOLS = [
     "torch._inductor.ir:Reduction",
     "torch._inductor.ir:Scatter",
     "torch._inductor.ir:StorageBox",
+    "torch._inductor.ir:MutationLayoutSHOULDREMOVE",
     "torch._inductor.ir:TensorBox",
     "torch._dynamo.device_interface:DeviceInterface",
     "torch._dynamo.device_interface:register_interface_for_device",
@@ -272,6 +274,24 @@ def lowering_origin() -> str | None:
     node = getattr(_V().graph, "current_node", None)
     op = None if node is None else node.meta.get("original_aten")
     return None if op is None else str(op)
+
+
+def current_fx_node() -> Any:
+    """The FX node being lowered (``V.graph.current_node``), or None."""
+    return getattr(_V().graph, "current_node", None)
+
+
+def write_into(node: Any, dst: Any) -> None:
+    """Make the buffer ``node`` (an extern kernel's output) be the storage of ``dst`` (a graph input's
+    StorageBox): the kernel writes straight into it, and Inductor records the write as a mutation of ``dst``
+    (``MutationLayoutSHOULDREMOVE``; no buffer is allocated for ``node``)."""
+    node.layout = _ir().MutationLayoutSHOULDREMOVE(dst)
+
+
+def written_into(node: Any) -> Any:
+    """The buffer a node made by :func:`write_into` writes, or None."""
+    layout = getattr(node, "layout", None)
+    return layout.get_buffer() if isinstance(layout, _ir().MutationLayoutSHOULDREMOVE) else None
 
 
 def recording_ops(handler: Any) -> Any:

@@ -13,7 +13,10 @@
   LayerNorm after them, ``epilogue_norm.py``) -> generator "matmul" with the epilogue in the kernel;
 - ``spyre::matmul_group`` (matmuls reading one input, ``matmul_group.py``) -> generator "matmul_group";
 - ``spyre::fused_mlp`` (up (+gate) -> activation -> down, ``fused_mlp.py``) -> generator "mlp", or the
-  unfused kernels when no tiling of the fused kernel fits the scratchpad.
+  unfused kernels when no tiling of the fused kernel fits the scratchpad;
+- ``copy_`` into a graph input written only by that copy (an eager op's write-only ``out=``, e.g. the
+  ``addmm.out`` an eager ``nn.Linear`` reaches) from a whole-op kernel's result of the same strides -> that
+  kernel writes the input directly (no copy kernel after it); any other ``copy_`` is Inductor's.
 
 :func:`register_lowerings` puts them in Inductor's global lowerings table (through the seam,
 ``torch_spyre/_torch/inductor.py``); each one hands tensors of other devices to Inductor's own lowering.
@@ -48,7 +51,8 @@ def _make_extern_node():
 
         def codegen(self, wrapper) -> None:
             refs = {r: x.codegen_reference() for r, x in zip(self.spyre_roles, self.inputs)}
-            refs["out"] = self.get_name()
+            target = torch_inductor.written_into(self)  # an out= it writes straight into (_lower_copy_)
+            refs["out"] = target.get_name() if target is not None else self.get_name()
             spec = kernel_ir.extern_kernel_spec(
                 wrapper.next_spyre_kernel_name_for(self.spyre_label), self.spyre_generator,
                 {r: x for r, x in zip(self.spyre_roles, self.inputs)} | {"out": self},
@@ -588,6 +592,50 @@ def _register_sdpa_lowering() -> None:
     torch_inductor.register_lowering(op.default, _lower_flash_attention)
 
 
+def _lower_copy_(original):
+    """``copy_(dst, src)`` where ``dst`` is a graph input written only by this copy (an eager op's write-only
+    ``out=``, e.g. ``addmm.out``) and ``src`` a whole-op kernel's result read by nothing else, of the same
+    dtype, size and strides: the kernel writes straight into ``dst`` instead of a buffer that a copy kernel
+    then copies (one launch and one round trip through device memory fewer). Otherwise Inductor's copy."""
+
+    def lower(dst, src, non_blocking=False):
+        if _writes_straight_into(dst, src):
+            torch_inductor.write_into(src.data.data, dst.data)
+            return dst
+        return original(dst, src, non_blocking)
+
+    return lower
+
+
+def _writes_straight_into(dst, src) -> bool:
+    node = torch_inductor.current_fx_node()
+    if node is None or len(node.args) < 2 or not all(hasattr(a, "users") for a in node.args[:2]):
+        return False
+    dst_fx, src_fx = node.args[:2]
+    if dst_fx.op != "placeholder" or set(dst_fx.users) != {node} or set(src_fx.users) != {node}:
+        return False  # the input is read too (its old value), or the result is used elsewhere
+    if not (torch_inductor.is_tensor_box(dst) and torch_inductor.is_tensor_box(src)):
+        return False
+    dst_box, src_box = dst.data, src.data
+    if not (getattr(dst_box, "is_input_buffer", lambda: False)() and hasattr(src_box, "data")):
+        return False
+    kernel = src_box.data
+    if not isinstance(kernel, _make_extern_node.cls) or torch_inductor.written_into(kernel) is not None:
+        return False
+    if not _static_layout_equal(kernel.get_layout(), dst_box.data.get_layout()):
+        return False
+    return dst.get_device().type == DEVICE
+
+
+def _static_layout_equal(a, b) -> bool:
+    """Same dtype, static size, strides and offset."""
+    try:
+        return (a.dtype == b.dtype and [int(x) for x in a.size] == [int(x) for x in b.size]
+                and [int(x) for x in a.stride] == [int(x) for x in b.stride] and int(a.offset) == int(b.offset))
+    except TypeError:  # symbolic: not compared
+        return False
+
+
 def register_lowerings() -> None:
     """Patch Inductor's lowerings table for the ops above (each keeps Inductor's lowering for other devices)."""
 
@@ -609,6 +657,10 @@ def register_lowerings() -> None:
         if original is None or getattr(original, "__name__", "").startswith("spyre_"):
             continue
         torch_inductor.register_lowering(op, _spyre_lowering(original, fn, name))
+    copy_original = lowering_for(aten.copy_.default)
+    if not getattr(copy_original, "__name__", "").startswith("spyre_"):
+        torch_inductor.register_lowering(aten.copy_.default, _spyre_lowering(copy_original, _lower_copy_(copy_original),
+                                                                              "copy_"))
     _register_sdpa_lowering()
     from . import epilogue, fused_mlp, matmul_group
 
