@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .._torch.device import OpOverload
+from .._torch.device import OpOverload, wrap_decompositions
 from .op_call import bound_args, op_info
 
 # op overload name -> whether it has a ``training`` argument
@@ -54,6 +54,43 @@ def _kernel(op: OpOverload, has_training: bool):
 
     kernel.__name__ = f"spyre_{info.name.replace('.', '_')}"
     return kernel
+
+
+# The ops compiled graphs trace (torch.compile, export), whose decompositions give the statistics for
+# devices other than the CPU in fp32 and, in eval mode, the running statistics. Their first three outputs are (out, mean, rstd); the functional batch norm adds the new running
+# statistics.
+_TRACED = (*OPS, "_native_batch_norm_legit_functional", "_native_batch_norm_legit_no_training")
+
+
+def _traced(op: OpOverload, decomposition):
+    """``decomposition`` with the statistics of spyre inputs as the CPU's kernels return them."""
+    info = op_info(op)
+    has_training = "training" in info.arg_names
+    eval_only = "running_mean" in info.arg_names and not has_training  # _native_batch_norm_legit_no_training
+
+    def traced(*args, **kwargs):
+        result = decomposition(*args, **kwargs)
+        bound = dict(zip(info.arg_names, bound_args(info, args, kwargs)))
+        x = bound["input"]
+        if result is NotImplemented or not isinstance(x, torch.Tensor) or x.device.type != "spyre":
+            return result
+        out, mean, rstd, *rest = result
+        dtype = _statistics_dtype(x, [bound.get(n) for n in _PARAMS])
+        if eval_only or (has_training and not bound["training"]):
+            return (out, x.new_empty((0,), dtype=dtype), x.new_empty((0,), dtype=dtype), *rest)
+        return (out, mean.to(dtype), rstd.to(dtype), *rest)
+
+    return traced
+
+
+def patch_decompositions() -> None:
+    """Compiled graphs get the statistics eager spyre ops return (a patch of torch's global state:
+    docs/architecture.md); other devices' inputs keep torch's decompositions unchanged."""
+    ops = []
+    for name in _TRACED:
+        packet, _, overload = name.partition(".")
+        ops.append(getattr(getattr(torch.ops.aten, packet), overload or "default"))
+    wrap_decompositions(ops, _traced)
 
 
 def kernels() -> list[tuple[str, object, str]]:
