@@ -8,6 +8,10 @@ no elements in eval mode, which is what the card is compared with (issue 12). Th
 (``fallback.run``: a program, or the host); these kernels then give the statistics the CPU's dtype and
 shape. Autograd's backward formulas read them as the CPU's do: the training statistics (cast back to
 fp32 by the backward), the running statistics in eval mode.
+
+Compiled graphs never reach these kernels: tracing runs torch's decompositions (fake kernels, then
+Inductor's table), so :func:`patch_decompositions` wraps those to return the same dtypes and shapes for
+spyre inputs (the fake and the real outputs agree).
 """
 
 from __future__ import annotations
