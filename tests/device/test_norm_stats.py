@@ -102,3 +102,22 @@ def test_compiled_statistics_have_the_cpus_dtype_and_shape(dtype):
         # the running statistics the training op updates, as on the CPU
         for j, stat in ((3, "running_mean"), (4, "running_var")):
             torch.testing.assert_close(dev[j].cpu(), cpu[j], **TOL[dtype], msg=f"{name}: {stat}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", ["LayerNorm", "BatchNorm1d"])
+def test_compiled_training_backward_matches_the_cpu(module):
+    """With an input that requires grad the compiled op keeps torch's fp32 statistics for the backward
+    (norm_stats._traced): the fp16 BatchNorm backward compiles and its gradient matches the CPU's."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    make = (lambda: torch.nn.LayerNorm(5)) if module == "LayerNorm" else (lambda: torch.nn.BatchNorm1d(3))
+    cpu = make().to(torch.float16)
+    dev = make().to(torch.float16)
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("spyre")
+    x = _stored(torch.randn(4, 3, 5).to(torch.float16))
+    xc, xd = x.clone().requires_grad_(), x.to("spyre").requires_grad_()
+    cpu(xc).float().sum().backward()
+    torch.compile(dev, dynamic=False)(xd).float().sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), xc.grad, **TOL[torch.float16])

@@ -78,6 +78,10 @@ def _traced(op: OpOverload, decomposition):
         x = bound["input"]
         if result is NotImplemented or not isinstance(x, torch.Tensor) or x.device.type != "spyre":
             return result
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in bound.values()):
+            # Autograd saves the statistics for the backward: torch's fp32 ones are kept, as the backward
+            # kernel reading 16-bit statistics does not compile on spyre yet ("load has no view in this box").
+            return result
         out, mean, rstd, *rest = result
         dtype = _statistics_dtype(x, [bound.get(n) for n in _PARAMS])
         if eval_only or (has_training and not bound["training"]):
