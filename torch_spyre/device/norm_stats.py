@@ -11,7 +11,8 @@ fp32 by the backward), the running statistics in eval mode.
 
 Compiled graphs never reach these kernels: tracing runs torch's decompositions (fake kernels, then
 Inductor's table), so :func:`patch_decompositions` wraps those to return the same dtypes and shapes for
-spyre inputs (the fake and the real outputs agree).
+spyre inputs (the fake and the real outputs agree), except when autograd records the op: its backward
+reading 16-bit statistics does not compile on spyre yet, so torch's fp32 ones are kept.
 """
 
 from __future__ import annotations
