@@ -61,3 +61,63 @@ def test_batch_norm_backward_reads_the_statistics_like_the_cpu(training):
     dev(xd).float().sum().backward()
     torch.testing.assert_close(xd.grad.cpu(), xc.grad, **TOL[torch.float16])
     torch.testing.assert_close(dev.weight.grad.cpu(), cpu.weight.grad, **TOL[torch.float16])
+
+
+def _compiled_cases(dtype):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 3, 5, generator=g).to(dtype)
+    w, b = torch.rand(3, generator=g).to(dtype) + 0.5, torch.randn(3, generator=g).to(dtype)
+    rm, rv = torch.randn(3, generator=g).to(dtype), torch.rand(3, generator=g).to(dtype) + 0.5
+    return [
+        ("native_batch_norm train", lambda x, w, b, rm, rv: aten.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5)),
+        ("native_batch_norm train no running stats",
+         lambda x, w, b, rm, rv: aten.native_batch_norm(x, w, b, None, None, True, 0.1, 1e-5)),
+        ("native_batch_norm eval", lambda x, w, b, rm, rv: aten.native_batch_norm(x, w, b, rm, rv, False, 0.1, 1e-5)),
+        ("_native_batch_norm_legit train",
+         lambda x, w, b, rm, rv: aten._native_batch_norm_legit(x, w, b, rm, rv, True, 0.1, 1e-5)),
+        ("_native_batch_norm_legit eval",
+         lambda x, w, b, rm, rv: aten._native_batch_norm_legit(x, w, b, rm, rv, False, 0.1, 1e-5)),
+        ("_native_batch_norm_legit no_stats",
+         lambda x, w, b, rm, rv: aten._native_batch_norm_legit(x, w, b, True, 0.1, 1e-5)),
+        ("native_layer_norm", lambda x, w, b, rm, rv: aten.native_layer_norm(x, [5], None, None, 1e-5)),
+        ("native_layer_norm affine",
+         lambda x, w, b, rm, rv: aten.native_layer_norm(x, [3, 5], x.new_ones(3, 5), x.new_zeros(3, 5), 1e-5)),
+    ], [x, w, b, rm, rv]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_compiled_statistics_have_the_cpus_dtype_and_shape(dtype):
+    torch._dynamo.reset()
+    cases, args = _compiled_cases(dtype)
+    stored = [_stored(a) for a in args]
+    for name, fn in cases:
+        cpu = [a.clone() for a in stored]
+        expected = fn(*cpu)
+        dev = [a.to("spyre") for a in stored]
+        got = torch.compile(fn, dynamic=False)(*dev)
+        for i, (g, e) in enumerate(zip(got, expected)):
+            assert (g.dtype, g.shape) == (e.dtype, e.shape), (name, i)
+            torch.testing.assert_close(g.cpu(), e, **TOL[dtype], msg=f"{name}: result {i}")
+        # the running statistics the training op updates, as on the CPU
+        for j, stat in ((3, "running_mean"), (4, "running_var")):
+            torch.testing.assert_close(dev[j].cpu(), cpu[j], **TOL[dtype], msg=f"{name}: {stat}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", ["LayerNorm", "BatchNorm1d"])
+def test_compiled_training_backward_matches_the_cpu(module):
+    """With an input that requires grad the compiled op keeps torch's fp32 statistics for the backward
+    (norm_stats._traced): the fp16 BatchNorm backward compiles and its gradient matches the CPU's."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    make = (lambda: torch.nn.LayerNorm(5)) if module == "LayerNorm" else (lambda: torch.nn.BatchNorm1d(3))
+    cpu = make().to(torch.float16)
+    dev = make().to(torch.float16)
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("spyre")
+    x = _stored(torch.randn(4, 3, 5).to(torch.float16))
+    xc, xd = x.clone().requires_grad_(), x.to("spyre").requires_grad_()
+    cpu(xc).float().sum().backward()
+    torch.compile(dev, dynamic=False)(xd).float().sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), xc.grad, **TOL[torch.float16])
