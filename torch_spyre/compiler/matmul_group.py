@@ -83,7 +83,9 @@ def group_matmuls(gm: torch.fx.GraphModule) -> list[Group]:
     groups: dict[Any, list] = {}
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _MATMULS and _member(node):
-            groups.setdefault(_input_key(_operands(node)[0]), []).append(node)
+            key = _input_key(_operands(node)[0])
+            if key is not None:
+                groups.setdefault(key, []).append(node)
     done = []
     for members in groups.values():
         order = {n: i for i, n in enumerate(gm.graph.nodes)}  # again: a rewrite adds and moves nodes
@@ -137,7 +139,11 @@ def _member(mm: Any) -> bool:
 
 
 def _input_key(a: Any) -> Any:
-    """Matmuls reading the same node, or reshapes of one node to the same shape, share this key."""
+    """Matmuls reading the same node, or reshapes of one node to the same shape, share this key; None for
+    an input of symbolic sizes (dynamic shapes: the group's span check needs static sizes)."""
+    v = _val(a)
+    if v is None or not all(isinstance(d, int) for d in v.shape):
+        return None
     if getattr(a, "target", None) in VIEWS:
         return (a.args[0], tuple(_val(a).shape))
     return a
