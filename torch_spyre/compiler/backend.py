@@ -54,8 +54,10 @@ def compiler_fingerprint() -> str:
     if _SOURCES_HASH is None:
         h = hashlib.sha256()
         root = pathlib.Path(__file__).parent
-        for path in sorted(root.rglob("*.py")):  # the generators' subpackages too
-            h.update(str(path.relative_to(root)).encode())
+        # the generators' subpackages too, and the device's attention op, whose rule the lowering asks
+        # (device/sdpa.py: the output's strides)
+        for path in [*sorted(root.rglob("*.py")), root.parent / "device" / "sdpa.py"]:
+            h.update(str(path.relative_to(root.parent)).encode())
             h.update(path.read_bytes())
         _SOURCES_HASH = h.hexdigest()
     from . import optimizations
