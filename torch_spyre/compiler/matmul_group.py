@@ -29,7 +29,7 @@ import torch
 
 from . import epilogue
 from .epilogue import VIEWS, _on_device, _val
-from .fused_mlp import _operands
+from .fused_mlp import _operands, _static
 
 OP_NAME = "matmul_group"
 _aten = torch.ops.aten
@@ -141,8 +141,7 @@ def _member(mm: Any) -> bool:
 def _input_key(a: Any) -> Any:
     """Matmuls reading the same node, or reshapes of one node to the same shape, share this key; None for
     an input of symbolic sizes (dynamic shapes: the group's span check needs static sizes)."""
-    v = _val(a)
-    if v is None or not all(isinstance(d, int) for d in v.shape):
+    if not _static(a):
         return None
     if getattr(a, "target", None) in VIEWS:
         return (a.args[0], tuple(_val(a).shape))
