@@ -17,7 +17,9 @@ Rows (each a median of ``--repeat`` calls after warm-up; ratios are spyre / CPU 
 5. the full ``spyre run`` in a fresh process with an empty Inductor cache (not with ``--quick``).
 
 Host wall time depends on this machine and its load: the figures belong in tables like this one, never in
-tests. Simulated device time is the card's and does not depend on the host.
+tests. Each row also has the process CPU time of the same calls (median, ``time.process_time``), which a
+shared machine's load inflates much less than wall time, and its ratio. Simulated device time is the
+card's and does not depend on the host.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
+import statistics  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
@@ -45,16 +48,34 @@ from torch_spyre.jobs import embed as job  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from benchmarks import compile_cost  # noqa: E402
-from benchmarks.eager import median_seconds  # noqa: E402
 
 
 def _sync() -> None:
     torch.spyre.synchronize()
 
 
-def row(name: str, spyre_s: float, cpu_s: float, target: float | None, baseline: str) -> dict[str, Any]:
+def median_times(fn: Callable[[], Any], repeat: int, warmup: int = 3) -> tuple[float, float]:
+    """Median wall seconds and median process CPU seconds of ``repeat`` calls of ``fn`` after ``warmup``."""
+    for _ in range(warmup):
+        fn()
+    walls, cpus = [], []
+    for _ in range(repeat):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def row(name: str, spyre: tuple[float, float | None], base: tuple[float, float | None], target: float | None,
+        baseline: str) -> dict[str, Any]:
+    """One table row from (wall, CPU) seconds of the spyre call and of its baseline; the target applies to
+    the wall-time ratio."""
+    (spyre_s, spyre_cpu), (cpu_s, base_cpu) = spyre, base
     ratio = spyre_s / cpu_s if cpu_s > 0 else float("inf")
+    cpu_ratio = None if spyre_cpu is None or not base_cpu else spyre_cpu / base_cpu
     return {"row": name, "spyre_s": spyre_s, "baseline_s": cpu_s, "baseline": baseline, "ratio": ratio,
+            "spyre_cpu_s": spyre_cpu, "baseline_cpu_s": base_cpu, "cpu_ratio": cpu_ratio,
             "target_ratio": target, "meets_target": None if target is None else ratio <= target}
 
 
@@ -78,8 +99,8 @@ def minilm_compiled(repeat: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     on_spyre()  # compiles
     first = time.perf_counter() - t0
-    spyre_s = median_seconds(on_spyre, repeat, warmup=0)
-    cpu_s = median_seconds(on_cpu, repeat, warmup=1)
+    spyre_s = median_times(on_spyre, repeat, warmup=0)
+    cpu_s = median_times(on_cpu, repeat, warmup=1)
     out = row("compiled MiniLM forward (batch 8, seq 128)", spyre_s, cpu_s, 5.0, "CPU eager fp32")
     out["first_call_s"] = first
     return out
@@ -93,8 +114,8 @@ def small_eager_op(repeat: int) -> dict[str, Any]:
         da + db
         _sync()
 
-    spyre_s = median_seconds(on_spyre, repeat * 10, warmup=3)  # the first call compiles the program
-    cpu_s = median_seconds(lambda: a + b, repeat * 100, warmup=10)
+    spyre_s = median_times(on_spyre, repeat * 10, warmup=3)  # the first call compiles the program
+    cpu_s = median_times(lambda: a + b, repeat * 100, warmup=10)
     return row("cached eager add 64x64 fp32", spyre_s, cpu_s, 250.0, "CPU op")
 
 
@@ -112,15 +133,16 @@ def sentence_transformers_encode(repeat: int) -> dict[str, Any] | None:
         on_spyre.encode(sentences)
         _sync()
 
-    spyre_s = median_seconds(spyre_call, repeat, warmup=1)
-    cpu_s = median_seconds(lambda: on_cpu.encode(sentences), repeat, warmup=1)
+    spyre_s = median_times(spyre_call, repeat, warmup=1)
+    cpu_s = median_times(lambda: on_cpu.encode(sentences), repeat, warmup=1)
     return row("SentenceTransformer.encode, 8 sentences (eager)", spyre_s, cpu_s, 10.0, "device='cpu'")
 
 
 def new_sequence_length(repeat: int) -> dict[str, Any]:
     """compile_cost.py's row (first call at each new length, then a repeat call at it), as a ratio."""
     r = compile_cost.new_sequence_length(min(3, repeat))
-    return row(r["row"], r["first_s"], r["execute_s"], None, "repeat call at a seen length")
+    return row(r["row"], (r["first_s"], r["first_cpu_s"]), (r["execute_s"], r["execute_cpu_s"]), None,
+               "repeat call at a seen length")
 
 
 def spyre_run_fresh() -> dict[str, Any]:
@@ -131,7 +153,8 @@ def spyre_run_fresh() -> dict[str, Any]:
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seconds = time.perf_counter() - t0
     return {"row": "`spyre run`, fresh process, empty Inductor cache", "spyre_s": seconds, "baseline_s": None,
-            "baseline": "-", "ratio": None, "target_ratio": None, "meets_target": None}
+            "baseline": "-", "ratio": None, "spyre_cpu_s": None, "baseline_cpu_s": None, "cpu_ratio": None,
+            "target_ratio": None, "meets_target": None}
 
 
 ROWS: dict[str, Callable[[int], dict[str, Any] | None]] = {
@@ -140,14 +163,20 @@ ROWS: dict[str, Callable[[int], dict[str, Any] | None]] = {
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print("| row | spyre | baseline | baseline is | ratio | target |")
-    print("|---|---:|---:|---|---:|---:|")
+    def ms(seconds: float | None) -> str:
+        if seconds is None:
+            return "-"
+        return f"{seconds * 1e6:,.2f} µs" if seconds < 1e-3 else f"{seconds * 1e3:,.2f} ms"
+
+    print("| row | spyre | baseline | baseline is | ratio | spyre CPU | baseline CPU | CPU ratio | target |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        base = "-" if r["baseline_s"] is None else f"{r['baseline_s'] * 1e3:,.2f} ms"
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:,.1f}x"
+        cpu_ratio = "-" if r["cpu_ratio"] is None else f"{r['cpu_ratio']:,.1f}x"
         target = "-" if r["target_ratio"] is None else f"≤ {r['target_ratio']:g}x"
         extra = f" (first call {r['first_call_s']:.1f} s)" if "first_call_s" in r else ""
-        print(f"| {r['row']}{extra} | {r['spyre_s'] * 1e3:,.2f} ms | {base} | {r['baseline']} | {ratio} | {target} |")
+        print(f"| {r['row']}{extra} | {ms(r['spyre_s'])} | {ms(r['baseline_s'])} | {r['baseline']} | {ratio} | "
+              f"{ms(r['spyre_cpu_s'])} | {ms(r['baseline_cpu_s'])} | {cpu_ratio} | {target} |")
 
 
 def main(argv: list[str] | None = None) -> int:

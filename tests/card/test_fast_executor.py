@@ -436,3 +436,38 @@ def test_max_over_nans_on_several_cores_keeps_the_checked_executors_nan(card):
     prog = Program("nan_max", [Operand("x", 2048), Operand("y", 2048, access="out")], cores)
     for seed in range(5):
         assert_identical(both_ways(card, prog, {"x": _random_bytes(2048, "dlfloat16", seed)}))
+
+
+@pytest.mark.parametrize("name", ["matmul_1024", "row_reduce"])
+def test_operands_inside_one_allocation_and_a_plan_reused_with_other_bindings(card, name):
+    """A DMA finds its operand's allocation once per run (``FastPlan._regions_of``): operands bound at
+    stick offsets inside one shared allocation, in a different order on each of two runs of the same
+    plan, give the checked executor's bytes each time."""
+    built = ALL_BUILDERS[name]()
+    program = built.program
+    validate(program, card.config)
+    inputs = built.make_inputs(0)
+    data = {op.name: np.frombuffer(operand_layout(op).pack(encode(inputs[op.name], op.device_dtype)).tobytes(), np.uint8)
+            if op.name in inputs else np.zeros(op.nbytes, np.uint8) for op in program.operands}
+    sizes = [-(-op.nbytes // 128) * 128 for op in program.operands]
+    shared = card.memory.allocate(128 + sum(sizes))
+    plan = FastPlan(program, card)
+    try:
+        for order in (list(range(len(sizes))), list(reversed(range(len(sizes))))):
+            bases, at = {}, shared.address + 128  # never at the allocation's start
+            for i in order:
+                bases[program.operands[i].name] = at
+                at += sizes[i]
+            addresses = resolve_addresses(program, bases)
+            results = {}
+            for run in ("checked", "fast"):
+                for op in program.operands:
+                    card.memory.write(bases[op.name], data[op.name])
+                if run == "checked":
+                    execute(card, program, addresses)
+                else:
+                    plan.run(card.memory, addresses)
+                results[run] = {op.name: card.memory.read(bases[op.name], op.nbytes).copy() for op in program.operands}
+            assert_identical({n: (results["checked"][n], results["fast"][n]) for n in results["checked"]})
+    finally:
+        card.memory.free(shared)

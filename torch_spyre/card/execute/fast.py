@@ -54,6 +54,12 @@ class FastPlan:
         self._slots: list[np.ndarray | None] = []
         self._fresh: dict[tuple, int] = {}  # tile key -> its slot, while nothing has written its bytes
         self._fresh_on: dict[int, dict[tuple, tuple[int, int]]] = {}  # core -> {tile key: byte span}
+        # Each DMA'd operand's allocation is found once per run, not per DMA step (see :meth:`_regions_of`):
+        # operand index -> one of its DMAs (core, program index, byte offset into the operand), and that
+        # run's (host buffer, byte offset of the operand's base in it).
+        self._operand_index = {o.name: j for j, o in enumerate(program.operands)}
+        self._dma_of: dict[int, tuple[int, int, int]] = {}
+        self._regions: list[tuple[np.ndarray, int] | None] = [None] * len(program.operands)
         for groups in lockstep_rounds(program, self.cores):
             for group in groups:
                 self.steps.extend(self._plan(group))
@@ -79,10 +85,21 @@ class FastPlan:
         with self.pads.lock, (single_threaded_pools() if self.single_threaded else contextlib.nullcontext()), \
                 np.errstate(all="ignore"):
             try:
+                self._regions_of(memory, dma_addresses)
                 for step in self.steps:
                     step(memory, dma_addresses)
             finally:
                 self._slots[:] = [None] * len(self._slots)
+                self._regions[:] = [None] * len(self._regions)
+
+    def _regions_of(self, memory: Any, dma_addresses: dict) -> None:
+        """Where each DMA'd operand lies in host memory this run. Binding proved every operand inside one
+        live allocation (``runtime.launch``), so one lookup per operand serves all of its DMAs."""
+        regions = self._regions
+        for j, (core, index, offset) in self._dma_of.items():
+            base = int(dma_addresses[core][index]) - offset
+            alloc, off = memory.find(base)
+            regions[j] = (alloc.buffer, off)
 
     # --- planning --------------------------------------------------------------------------------
     def _plan(self, group: Group) -> list[Step]:
@@ -190,21 +207,29 @@ class FastPlan:
     def _dma(self, run, ins0, instrs) -> Step:
         p = ins0.pattern
         load = isinstance(ins0, DmaLoad)
-        pad = self._pad_view(run, ins0.sp_offset, (*p.shape, STICK_BYTES), (*p.sp_strides, 1), np.dtype(np.uint8))
         c0, i0 = run[0][0], self.origin[run[0][0]][run[0][1]]
-        lo = p.span(p.dram_strides)[0]
+        addr = instrs[0].src if load else instrs[0].dst  # the run's first (ins0 is its group's first)
+        operand = self._operand_index[addr.operand]
+        self._dma_of.setdefault(operand, (c0, i0, addr.offset))
         if len(run) == 1:
-            shape, strides, span_lo = (*p.shape, STICK_BYTES), (*p.dram_strides, 1), lo
+            shape, strides = p.shape, p.dram_strides
         else:
             offsets = [(ins.src if load else ins.dst).offset for ins in instrs]
-            step = offsets[1] - offsets[0]
-            shape, strides = (len(run), *p.shape, STICK_BYTES), (step, *p.dram_strides, 1)
-            span_lo = lo + min(0, step * (len(run) - 1))
+            shape, strides = (len(run), *p.shape), (offsets[1] - offsets[0], *p.dram_strides)
+        pad = self._pad_view(run, ins0.sp_offset, p.shape, p.sp_strides, np.dtype(np.uint8))
+        # A stick moves as 16 8-byte words when every stride allows: numpy copies 8x fewer elements (a
+        # copy moves the same bytes whatever the element type).
+        word = 8 if all(st % 8 == 0 for st in (*pad.strides, *strides)) else 1
+        dtype = np.dtype(np.uint64 if word == 8 else np.uint8)
+        pad = np.ndarray((*pad.shape, STICK_BYTES // word), dtype, buffer=self.pads.block,
+                         offset=_byte_offset(pad, self.pads.block), strides=(*pad.strides, word))
+        shape, strides = (*shape, STICK_BYTES // word), (*strides, word)
+        rel = addr.offset  # where the first core's DMA starts, from the operand's base (strides may be negative)
+        regions = self._regions
 
         def dma(memory: Any, dma_addresses: dict) -> None:
-            address = int(dma_addresses[c0][i0])
-            alloc, off = memory.find(address + span_lo)  # binding proved the operand inside one allocation
-            dram = np.ndarray(shape, np.uint8, buffer=alloc.buffer, offset=off - span_lo, strides=strides)
+            buffer, base = regions[operand]
+            dram = np.ndarray(shape, dtype, buffer=buffer, offset=base + rel, strides=strides)
             if load:
                 pad[...] = dram
             else:
@@ -359,6 +384,11 @@ def _computes_in_fp32(ins: Elementwise) -> bool:
         return False
     tensors = [x for x in ins.inputs if isinstance(x, SpTensor)]
     return bool(tensors) and all(x.dtype in vector_ops.FLOAT_DTYPES for x in tensors)
+
+
+def _byte_offset(view: np.ndarray, block: np.ndarray) -> int:
+    """Where ``view`` starts in ``block``'s buffer, in bytes."""
+    return view.__array_interface__["data"][0] - block.__array_interface__["data"][0]
 
 
 def _constant(value: np.ndarray) -> Callable[[], np.ndarray]:
