@@ -45,8 +45,10 @@ from .decisions import BufferDecision, KernelDecisions
 # Roles of the other whole-op generators that read rows along the stick dim (their last view dim):
 # codegen.attention (q/k/v/mask rows, head dim in sticks), codegen.gather (rows of whole sticks).
 _ROW_READERS = {"attention": ("query", "key", "value", "attn_mask"), "gather": ("source",),
-                # codegen.mlp: x sticked on H, the weights on their last view dim (up/gate: I, down: H)
-                "mlp": ("x", "w_up", "w_gate", "w_down", "b_up", "b_gate", "b_down")}
+                # codegen.mlp: x sticked on H, the weights on their last view dim (up/gate: I, down: H);
+                # the residual and the norm's weight and bias (mlp_norm.py) on H too
+                "mlp": ("x", "w_up", "w_gate", "w_down", "b_up", "b_gate", "b_down", "residual", "norm_weight",
+                        "norm_bias")}
 # Producers that write any layout (the pointwise generator); the others write a fixed layout.
 FLEXIBLE_PRODUCERS = ("pointwise",)
 
