@@ -157,7 +157,7 @@ def _preferred_view_dim(generator: str, role: str) -> int | None:
         from .codegen.matmul import preferred_view_dim
 
         return preferred_view_dim(role.rstrip("0123456789"))  # a group's members: b0, bias1, ...
-    return -1 if role in _ROW_READERS.get(generator, ()) else None
+    return -1 if role.rstrip("0123456789") in _ROW_READERS.get(generator, ()) else None  # group members: source0, ...
 
 
 def _role_name(op: Operand) -> str:

@@ -298,8 +298,25 @@ def _matrix_vector(a, b):
 def _lower_embedding(weight, indices, *args, **kwargs):
     w, i = _gather_operand(weight, starts_rows=True), _gather_operand(indices)
     size = [*i.get_size(), w.get_size()[1]]
-    return _extern("gather", "embedding", ["source", "index"], [w, i], size, w.get_dtype(),
-                   {"kind": "embedding", "dim": 0})
+    params = {"kind": "embedding", "dim": 0}
+    node = torch_inductor.current_fx_node()
+    if node is not None and node.meta.get("spyre_note"):  # why it was not grouped (embedding_group.py)
+        params["note"] = node.meta["spyre_note"]
+    return _extern("gather", "embedding", ["source", "index"], [w, i], size, w.get_dtype(), params)
+
+
+def _lower_embedding_group(weights, indices):
+    """``spyre::embedding_group`` (``embedding_group.py``'s rewrite of sibling lookups) -> one kernel of the
+    "gather" generator running the members' row gathers in turn, each writing its slice [k] of the
+    stacked [n, *index shape, D] output."""
+    inputs, roles, members = [], [], []
+    for k, (weight, index) in enumerate(zip(weights, indices)):
+        inputs += [_gather_operand(weight, starts_rows=True), _gather_operand(index)]
+        roles += [f"source{k}", f"index{k}"]
+        members.append({"source": f"source{k}", "index": f"index{k}"})
+    size = [len(members), *inputs[1].get_size(), inputs[0].get_size()[1]]
+    return _extern("gather", f"embedding_x{len(members)}", roles, inputs, size, inputs[0].get_dtype(),
+                   {"kind": "embedding_group", "members": members, "optimization": "embedding_group"})
 
 
 def _lower_index_select(x, dim, index):
@@ -678,8 +695,9 @@ def register_lowerings() -> None:
         torch_inductor.register_lowering(aten.copy_.default, _spyre_lowering(copy_original, _lower_copy_(copy_original),
                                                                               "copy_"))
     _register_sdpa_lowering()
-    from . import epilogue, fused_mlp, matmul_group
+    from . import embedding_group, epilogue, fused_mlp, matmul_group
 
     torch_inductor.register_lowering(epilogue.op(), _lower_matmul_epilogue)
     torch_inductor.register_lowering(fused_mlp.op(), _lower_fused_mlp)
+    torch_inductor.register_lowering(embedding_group.op(), _lower_embedding_group)
     torch_inductor.register_lowering(matmul_group.op(), _lower_matmul_group)
