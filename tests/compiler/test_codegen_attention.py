@@ -328,10 +328,38 @@ def test_bad_specs_raise_clear_errors(config, spec, message):
         build_attention(spec(), config)
 
 
-def test_output_view_sharing_sticks_is_refused(config):
-    """Heads of 32 written into a [B, L, H * 32] buffer share sticks between cores: refused with a hint."""
-    B, L, H, D = 1, 64, 4, 32
+@pytest.mark.parametrize("q_fused", [False, True])
+@pytest.mark.parametrize("B,H,L,D", [(2, 4, 50, 32), (1, 4, 16, 16)])
+def test_packed_output_with_qkv_heads_in_sticks_of_their_own(card, config, q_fused, B, H, L, D):
+    """The output packs heads of one stick ([B, L, H * D] underneath) while K and V (and Q, unless it is a
+    view of a fused projection) hold each head in sticks of its own, as GPT-2's 16-wide heads after its
+    KV cache: those roles are loaded member by member, the output's sticks still stored whole."""
     out = TensorView("out", StickLayout((B, L, H * D), 2, "dlfloat16"), (B, H, L, D), (L * H * D, D, H * D, 1))
+    if q_fused:  # q a view of a [B, L, H * D] projection (heads side by side), k and v buffers of their own
+        q = TensorView("q", StickLayout((B, L, H * D), 2, "dlfloat16"), (B, H, L, D), (L * H * D, D, H * D, 1))
+    else:
+        q = TensorView.contiguous("q", (B, H, L, D), torch.float16)
+    k, v = (TensorView.contiguous(n, (B, H, L, D), torch.float16) for n in "kv")
+    spec = AttentionSpec(q, k, v, out, is_causal=True)
+    program, dec = build_attention(spec, config)
+    validate(program, config)
+    assert dec.tiling["lane_heads"] == 64 // D
+    assert dec.tiling["loaded_apart"] == (["key", "value"] if q_fused else ["query", "key", "value"])
+    g = torch.Generator().manual_seed(3)
+    inp = {"q": torch.randn(q.layout.host_shape, generator=g).half(),
+           "k": torch.randn(B, H, L, D, generator=g).half(), "v": torch.randn(B, H, L, D, generator=g).half()}
+    got, _ = run_on_card(card, program, inp)
+    qh = inp["q"].float().reshape(B, L, H, D).transpose(1, 2) if q_fused else inp["q"].float()
+    ref = F.scaled_dot_product_attention(qh, inp["k"].float(), inp["v"].float(), is_causal=True)
+    torch.testing.assert_close(got["out"], ref.transpose(1, 2).reshape(B, L, H * D), **DL_TOL)
+
+
+def test_output_view_sharing_sticks_unpackable_is_refused(config):
+    """Heads sharing output sticks at lanes that are not Dv apart (a row of 3 heads of 32 starting mid
+    stick) cannot be stored whole by any tile: refused with a hint."""
+    B, L, H, D = 1, 64, 4, 32
+    out = TensorView("out", StickLayout((B, L, H * D + D), 2, "dlfloat16"), (B, H, L, D),
+                     (L * (H * D + D), D, H * D + D, 1), D)
     base = AttentionSpec.build(B, H, L, D)
     with pytest.raises(CodegenError, match=r"share their sticks with other heads.*\(relayout\)"):
         build_attention(AttentionSpec(base.query, base.key, base.value, out), config)

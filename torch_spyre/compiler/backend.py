@@ -71,15 +71,18 @@ def _make_version_pass():
         """The device's post-grad pass: Inductor runs it on every graph with spyre tensors after its own
         post-grad passes, and puts its uuid, :func:`compiler_fingerprint`, in the FX graph cache key.
         In order, each unless its optimization is off: indexes by whole-dim aranges become views
-        (``index_views.py``), MLP blocks one fused kernel (``fused_mlp.py``), matmul epilogues fold into the
+        (``index_views.py``), sibling embedding lookups one kernel (``embedding_group.py``), MLP blocks one fused kernel (``fused_mlp.py``) with the residual and LayerNorm
+        after them (``mlp_norm.py``), matmul epilogues fold into the
         matmul (``epilogue.py``) and LayerNorms after them too (``epilogue_norm.py``), matmuls reading one
         input become one kernel (``matmul_group.py``)."""
 
         def __call__(self, gm) -> None:
-            from . import epilogue, epilogue_norm, fused_mlp, index_views, matmul_group
+            from . import embedding_group, epilogue, epilogue_norm, fused_mlp, index_views, matmul_group, mlp_norm
 
             index_views.view_indexes(gm)
+            embedding_group.group_embeddings(gm)
             fused_mlp.fuse_mlps(gm)
+            mlp_norm.fuse_mlp_norms(gm)
             epilogue.fuse_matmul_epilogues(gm)
             epilogue_norm.fuse_layer_norms(gm)
             matmul_group.group_matmuls(gm)

@@ -36,22 +36,36 @@ _aten = torch.ops.aten
 _MATMULS = (_aten.mm.default, _aten.addmm.default)
 
 
-def reference(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation):
-    """What ``spyre::fused_mlp`` computes, with torch ops."""
+def reference(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation, residual=None, norm_weight=None,
+              norm_bias=None, norm_eps=None, note=None):
+    """What ``spyre::fused_mlp`` computes, with torch ops; with ``norm_eps``, ``LayerNorm(mlp + residual)``
+    over the last dim (``mlp_norm.py``; ``note``: why that was not folded, for the kernel's decisions)."""
     u = x @ w_up + (b_up if b_up is not None else 0)
     if w_gate is not None:
         g = x @ w_gate + (b_gate if b_gate is not None else 0)
         h = epilogue.apply_activation(activation, g) * u
     else:
         h = epilogue.apply_activation(activation, u)
-    return h @ w_down + (b_down if b_down is not None else 0)
+    out = h @ w_down + (b_down if b_down is not None else 0)
+    if residual is not None:
+        out = out + residual
+    if norm_eps is not None:
+        w, c = (None if t is None else t.to(out.dtype) for t in (norm_weight, norm_bias))
+        out = torch.nn.functional.layer_norm(out, out.shape[-1:], w, c, norm_eps)
+    return out
 
 
-def _eager(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation):
-    return reference(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation).to(x.dtype)
+def _eager(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation, residual=None, norm_weight=None,
+           norm_bias=None, norm_eps=None, note=None):
+    if norm_eps is not None:  # the norm in fp32 on the rounded sum, as the decomposed graph computed it
+        y = reference(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation, residual).to(x.dtype).float()
+        w, c = (None if t is None else t.float() for t in (norm_weight, norm_bias))
+        return torch.nn.functional.layer_norm(y, y.shape[-1:], w, c, norm_eps).to(x.dtype)
+    return reference(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation, residual).to(x.dtype)
 
 
-def _meta(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation):
+def _meta(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation, residual=None, norm_weight=None,
+          norm_bias=None, norm_eps=None, note=None):
     return x.new_empty((*x.shape[:-1], w_down.shape[-1]))
 
 
@@ -62,7 +76,9 @@ def define_op() -> None:
 
 def op() -> Any:
     return epilogue.define_device_op(OP_NAME, "(Tensor x, Tensor w_up, Tensor? w_gate, Tensor w_down, Tensor? b_up, "
-                                     "Tensor? b_gate, Tensor? b_down, str activation) -> Tensor", _eager, _meta)
+                                     "Tensor? b_gate, Tensor? b_down, str activation, Tensor? residual=None, "
+                                     "Tensor? norm_weight=None, Tensor? norm_bias=None, float? norm_eps=None, "
+                                     "str? note=None) -> Tensor", _eager, _meta)
 
 
 @dataclass

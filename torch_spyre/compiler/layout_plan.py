@@ -45,8 +45,10 @@ from .decisions import BufferDecision, KernelDecisions
 # Roles of the other whole-op generators that read rows along the stick dim (their last view dim):
 # codegen.attention (q/k/v/mask rows, head dim in sticks), codegen.gather (rows of whole sticks).
 _ROW_READERS = {"attention": ("query", "key", "value", "attn_mask"), "gather": ("source",),
-                # codegen.mlp: x sticked on H, the weights on their last view dim (up/gate: I, down: H)
-                "mlp": ("x", "w_up", "w_gate", "w_down", "b_up", "b_gate", "b_down")}
+                # codegen.mlp: x sticked on H, the weights on their last view dim (up/gate: I, down: H);
+                # the residual and the norm's weight and bias (mlp_norm.py) on H too
+                "mlp": ("x", "w_up", "w_gate", "w_down", "b_up", "b_gate", "b_down", "residual", "norm_weight",
+                        "norm_bias")}
 # Producers that write any layout (the pointwise generator); the others write a fixed layout.
 FLEXIBLE_PRODUCERS = ("pointwise",)
 
@@ -155,7 +157,7 @@ def _preferred_view_dim(generator: str, role: str) -> int | None:
         from .codegen.matmul import preferred_view_dim
 
         return preferred_view_dim(role.rstrip("0123456789"))  # a group's members: b0, bias1, ...
-    return -1 if role in _ROW_READERS.get(generator, ()) else None
+    return -1 if role.rstrip("0123456789") in _ROW_READERS.get(generator, ()) else None  # group members: source0, ...
 
 
 def _role_name(op: Operand) -> str:

@@ -186,24 +186,35 @@ def _lower_matmul_group(a, b, bias):
     return _extern("matmul_group", f"{kind}_x{len(members)}", roles, inputs, size, a.get_dtype(), params)
 
 
-def _lower_fused_mlp(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation):
+def _lower_fused_mlp(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation, residual=None, norm_weight=None,
+                     norm_bias=None, norm_eps=None, note=None):
     """``spyre::fused_mlp`` (``fused_mlp.py``'s rewrite of an MLP block) -> one kernel of the "mlp" generator
     (``codegen/mlp``) when some tiling of it fits the scratchpad (checked on the static shapes with the
     layouts the graph's layout plan gives its operands), else the unfused kernels: the up (and gate) matmul
-    with the activation in its epilogue, the gate product, the down matmul; each records why."""
+    with the activation in its epilogue, the gate product, the down matmul; each records why. With
+    ``norm_eps`` (``mlp_norm.py``) the kernel adds ``residual`` and normalizes over H; unfused, the down
+    matmul's epilogue does (``epilogue_norm.py``'s kernel)."""
     from ..device import cards
     from .codegen import mlp
 
     x = _matmul_operand(torch_inductor.realize_input(x))
     operands = {"x": x, "w_up": w_up, "w_gate": w_gate, "w_down": w_down, "b_up": b_up, "b_gate": b_gate,
                 "b_down": b_down}
+    if norm_eps is not None:
+        operands |= {"residual": residual, "norm_weight": norm_weight, "norm_bias": norm_bias}
     roles = [r for r, v in operands.items() if v is not None]
     inputs = [x] + [_matmul_operand(torch_inductor.realize_input(operands[r])) for r in roles[1:]]
     size = [*x.get_size()[:-1], w_down.get_size()[-1]]
-    reason = _mlp_fit(roles, inputs, size, x.get_dtype(), activation, cards.config(), mlp)
+    reason = _mlp_fit(roles, inputs, size, x.get_dtype(), activation, cards.config(), mlp, norm_eps)
     if reason is None:
-        label = f"mlp_{activation}" + ("_gated" if w_gate is not None else "")
-        return _extern("mlp", label, roles, inputs, size, x.get_dtype(), {"activation": activation, "kind": "fused_mlp"})
+        label = f"mlp_{activation}" + ("_gated" if w_gate is not None else "") + \
+            ("_residual_layer_norm" if norm_eps is not None else "")
+        params = {"activation": activation, "kind": "fused_mlp"}
+        if norm_eps is not None:
+            params["norm_eps"] = float(norm_eps)
+        if note:  # why the LayerNorm after it was not folded (mlp_norm.py)
+            params["norm_note"] = note
+        return _extern("mlp", label, roles, inputs, size, x.get_dtype(), params)
     note = f"fused_mlp not used: {reason}"
     if w_gate is None:
         h = _lower_matmul_epilogue(x, w_up, b_up, None, activation, 1.0, 1.0, note=note)
@@ -211,10 +222,13 @@ def _lower_fused_mlp(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation):
         g = _lower_matmul_epilogue(x, w_gate, b_gate, None, activation, 1.0, 1.0, note=note)
         u = _lower_matmul_epilogue(x, w_up, b_up, None, None, 1.0, 1.0, note=note)
         h = torch_inductor.lowering_for(torch.ops.aten.mul.Tensor)(g, u)
+    if norm_eps is not None:
+        return _lower_matmul_epilogue(h, w_down, b_down, residual, None, 1.0, 1.0, norm_weight, norm_bias, norm_eps,
+                                      note=note)
     return _lower_matmul_epilogue(h, w_down, b_down, None, None, 1.0, 1.0, note=note)
 
 
-def _mlp_fit(roles, inputs, size, dtype, activation, config, mlp) -> str | None:
+def _mlp_fit(roles, inputs, size, dtype, activation, config, mlp, norm_eps=None) -> str | None:
     """None when the fused kernel fits, else why not (shapes must be static to know). The weights are taken
     in the layout that needs the most scratchpad (sticked on K: staged and transposed in the kernel), since
     the layouts they will have at run time are not known here."""
@@ -233,7 +247,9 @@ def _mlp_fit(roles, inputs, size, dtype, activation, config, mlp) -> str | None:
         else:
             views[role] = TensorView(role, layout, shape)
     spec = mlp.MlpSpec(views["x"], views["w_up"], views["w_down"], views["out"], views.get("w_gate"),
-                       views.get("b_up"), views.get("b_gate"), views.get("b_down"), activation)
+                       views.get("b_up"), views.get("b_gate"), views.get("b_down"), activation,
+                       residual=views.get("residual"), norm_weight=views.get("norm_weight"),
+                       norm_bias=views.get("norm_bias"), norm_eps=norm_eps)
     return mlp.fit(spec, config)
 
 
@@ -282,8 +298,25 @@ def _matrix_vector(a, b):
 def _lower_embedding(weight, indices, *args, **kwargs):
     w, i = _gather_operand(weight, starts_rows=True), _gather_operand(indices)
     size = [*i.get_size(), w.get_size()[1]]
-    return _extern("gather", "embedding", ["source", "index"], [w, i], size, w.get_dtype(),
-                   {"kind": "embedding", "dim": 0})
+    params = {"kind": "embedding", "dim": 0}
+    node = torch_inductor.current_fx_node()
+    if node is not None and node.meta.get("spyre_note"):  # why it was not grouped (embedding_group.py)
+        params["note"] = node.meta["spyre_note"]
+    return _extern("gather", "embedding", ["source", "index"], [w, i], size, w.get_dtype(), params)
+
+
+def _lower_embedding_group(weights, indices):
+    """``spyre::embedding_group`` (``embedding_group.py``'s rewrite of sibling lookups) -> one kernel of the
+    "gather" generator running the members' row gathers in turn, each writing its slice [k] of the
+    stacked [n, *index shape, D] output."""
+    inputs, roles, members = [], [], []
+    for k, (weight, index) in enumerate(zip(weights, indices)):
+        inputs += [_gather_operand(weight, starts_rows=True), _gather_operand(index)]
+        roles += [f"source{k}", f"index{k}"]
+        members.append({"source": f"source{k}", "index": f"index{k}"})
+    size = [len(members), *inputs[1].get_size(), inputs[0].get_size()[1]]
+    return _extern("gather", f"embedding_x{len(members)}", roles, inputs, size, inputs[0].get_dtype(),
+                   {"kind": "embedding_group", "members": members, "optimization": "embedding_group"})
 
 
 def _lower_index_select(x, dim, index):
@@ -662,8 +695,9 @@ def register_lowerings() -> None:
         torch_inductor.register_lowering(aten.copy_.default, _spyre_lowering(copy_original, _lower_copy_(copy_original),
                                                                               "copy_"))
     _register_sdpa_lowering()
-    from . import epilogue, fused_mlp, matmul_group
+    from . import embedding_group, epilogue, fused_mlp, matmul_group
 
     torch_inductor.register_lowering(epilogue.op(), _lower_matmul_epilogue)
     torch_inductor.register_lowering(fused_mlp.op(), _lower_fused_mlp)
+    torch_inductor.register_lowering(embedding_group.op(), _lower_embedding_group)
     torch_inductor.register_lowering(matmul_group.op(), _lower_matmul_group)

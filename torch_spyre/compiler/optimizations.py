@@ -35,6 +35,10 @@ KNOWN: dict[str, str] = {
                          "of on the matmul's accumulator (whole rows per core) before its one rounding",
     "matmul_group": "matmuls reading the same input (attention's Q, K and V projections) run as a kernel each "
                     "instead of one kernel writing their outputs side by side",
+    "mlp_layer_norm": "the residual and LayerNorm after a fused MLP run as a reduction kernel of their own instead "
+                      "of on the MLP kernel's fp32 sums (the finisher keeps whole rows) before its one rounding",
+    "embedding_group": "embedding lookups with index tensors of one shape (BERT's words, token types and "
+                       "positions) run as a gather kernel each instead of one kernel running their gathers in turn",
     "fused_mlp": "an MLP block (up (+gate) -> activation -> down) runs as separate matmul and pointwise kernels, "
                  "its intermediate written to device memory and read back",
     "onchip_relayout": "an in-place relayout goes through device memory (a scratch allocation and a copy back) "

@@ -65,10 +65,13 @@ def heads_interleaved_out(views, itemsize: int) -> bool:
     H * Dv)`` that merges the heads back is a view, not a copy kernel. ``views`` are q, k, v as
     (shape, strides, storage offset) in elements, all plain ints (anything else: False, the contiguous
     output). Stores move whole sticks of 128 bytes, so the layout is taken only where the attention
-    generator can store it: each head's row is whole sticks, or the heads that share a stick also share
-    q/k/v sticks (heads side by side in rows that start on stick boundaries, as in projections' outputs),
-    so one tile computes and stores all of them. The meta kernel, the eager kernels and the lowering
-    all ask this, so traced strides and the compiled kernel's agree. With the compiler's
+    generator can store it: each head's row is whole sticks, or heads of Dv dividing a stick (one head
+    per K/V head, a multiple of a stick's heads) whose q/k/v rows are unit-stride and start on stick
+    boundaries as seen here; one tile then computes and stores all heads of a stick. Whether q, k and v
+    hold those heads side by side is decided later (the layout plan and the run-time placements): the
+    generator loads the roles that do not member by member (``codegen/attention/plan.py``, GPT-2's
+    16-wide heads after its KV cache), so this rule needs no layout. The meta kernel, the eager kernels
+    and the lowering all ask this, so traced strides and the compiled kernel's agree. With the compiler's
     ``attention_heads_interleaved`` optimization switched off: never."""
     if not _interleave_allowed():
         return False
@@ -79,11 +82,12 @@ def heads_interleaved_out(views, itemsize: int) -> bool:
     _, Hq, _, D = q_shape
     Hkv, Dv = k_shape[1], v_shape[-1]
     lanes = 128 // itemsize
-    # Heads of whole sticks only. Heads sharing a stick (Dv < lanes) need a tile holding all of a stick's
-    # heads, which the generator finds only for some q/k/v stick layouts, decided after this by the layout
-    # plan: GPT-2's fused c_attn split (16-wide heads) failed to compile with them (CodegenError "each
-    # head's output rows share their sticks with other heads"). MiniLM's 32-wide heads keep the copy.
-    return Dv % lanes == 0
+    if Dv % lanes == 0:
+        return True
+    if lanes % Dv or D != Dv or Hq != Hkv or Hq % (lanes // Dv):
+        return False
+    return all(strides[3] == 1 and strides[1] == D and strides[2] % lanes == 0 and offset % lanes == 0
+               for _, strides, offset in views)
 
 
 def _views(*ts):

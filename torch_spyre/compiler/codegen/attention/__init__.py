@@ -15,7 +15,9 @@ serves all of them and the PE arrays see M rows per weight tile. ``batches_per_t
 stacked too (IBM's layout interleaves the batch stick by stick: neighbouring batches make one DRAM
 burst), each with its own QK^T and PV. Heads that sit side by side in the same sticks (heads of 32 in
 a fused qkv buffer) share a tile as ``lane_heads``: each stick is loaded once and every head reads its
-lanes through a view. Items are dealt to the cores longest-first (causal items differ in cost), and
+lanes through a view; when the output packs heads of one stick but q, k or v hold them in sticks of
+their own (K and V in buffers of their own), those roles are loaded member by member (``Tiling.apart``)
+and the tile still stores the output's sticks whole. Items are dealt to the cores longest-first (causal items differ in cost), and
 the cores used are placed outwards from the memory interface's ring stop, alternating sides.
 
 *Per item.* Load the Q tile, then stream K/V blocks of ``block_k`` rows (double-buffered: block j+1's DMA
@@ -165,6 +167,7 @@ def _decisions(spec: AttentionSpec, dims: _Dims, t: Tiling, sp_plan: Any, per_co
     }
     dec.tiling = {"block_q": t.block_q, "block_k": t.block_k, "heads_per_tile": t.heads_per_tile,
                   "batches_per_tile": t.batches_per_tile, "lane_heads": t.lane_heads, "tile_rows": t.rows(),
+                  "loaded_apart": list(t.apart),
                   "defer_stores": t.out_slots > 2, "output_tiles": t.out_slots,
                   "kv_blocks_streamed": totals["blocks"], "causal_blocks_skipped": totals["skipped_blocks"],
                   "causal_bias_blocks": totals["causal_bias_blocks"], "scale": dims.scale,

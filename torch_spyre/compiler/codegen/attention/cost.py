@@ -64,10 +64,13 @@ def _dram_seconds(cfg: CardConfig, spec: AttentionSpec, dims: _Dims, t: Tiling, 
         return dev.size * STICK_BYTES + dram_runs(dev) * over
 
     cols = _member_cols(spec, dims, it)
-    q = cost(spec.query, it.stacked, it.q0, it.nq, cols["q"])
+    # A role loaded member by member reads every member's rows; else the first member's, wider.
+    rows_of = lambda role, heads: heads if role in it.apart else heads[:len(heads) // it.members]  # noqa: E731
+    q = cost(spec.query, rows_of("query", it.heads), it.q0, it.nq, cols["q"])
     o = (cost(spec.out, it.stacked, it.q0, it.nq, dims.Dv * it.members) if t.pack_out
          else cost(spec.out, it.heads, it.q0, it.nq, dims.Dv))
-    kv = (cost(spec.key, it.kv_heads[:1], k0, nk, cols["k"]) + cost(spec.value, it.kv_heads[:1], k0, nk, cols["v"])) / nk
+    kv = (cost(spec.key, rows_of("key", it.kv_heads), k0, nk, cols["k"])
+          + cost(spec.value, rows_of("value", it.kv_heads), k0, nk, cols["v"])) / nk
     m = 0.0
     if mask is not None:
         dev = _mask_sticks(mask, it, k0, nk)[0]
@@ -106,6 +109,7 @@ def _estimate(cfg: CardConfig, spec: AttentionSpec, dims: _Dims, t: Tiling, mask
         total = max(compute_s, dram_s) + OVERLAP_PENALTY * min(compute_s, dram_s)
     return {"block_q": t.block_q, "block_k": t.block_k, "heads_per_tile": t.heads_per_tile,
             "batches_per_tile": t.batches_per_tile, "lane_heads": t.lane_heads, "defer_stores": t.out_slots > 2,
+            **({"loaded_apart": list(t.apart)} if t.apart else {}),
             "items": len(items), "cores": n_cores, "est_compute_us": round(compute_s * 1e6, 2),
             "est_dram_us": round(dram_s * 1e6, 2), "est_us": round((total + cfg.kernel_fixed_cost_s) * 1e6, 2)}
 

@@ -18,7 +18,7 @@ from torch_spyre.compiler.codegen.attention.spec import (
 from torch_spyre.compiler.codegen.attention.tiles import _ceil_to, _mask_sticks, _tile_sticks
 from torch_spyre.compiler.codegen.emitter import Emitter, elementwise
 from torch_spyre.compiler.codegen.sticks import check_owns_sticks, dma_tile
-from torch_spyre.program import Barrier, Instruction, MatMul, Reduce, SpTensor
+from torch_spyre.program import STICK_BYTES, Barrier, Instruction, MatMul, Reduce, SpTensor
 
 
 def _bcast_rows(col: SpTensor, cols: int) -> SpTensor:
@@ -55,7 +55,7 @@ class _CoreEmitter(Emitter):
         self.exp_in_p = _exp_in_input_dtype(spec, dims)
         self.stats = {"blocks": 0, "causal_bias_blocks": 0, "skipped_blocks": 0}
         self.prev_nm: SpTensor | None = None
-        self.q: SpTensor | None = None
+        self.q: list[tuple[int, int]] = []  # the item's Q tile: (row width, element offset) per member
         self.deferred: list[Instruction] = []  # output stores held to the end (out_slots > 2)
 
     def run(self, core: int, items: list[WorkItem]) -> list[Instruction]:
@@ -100,27 +100,45 @@ class _CoreEmitter(Emitter):
         self.ins += dma_tile(arg, dev, self.buf[bufname], store=False)
         return dev.shape[-1] * arg.lanes, lane0
 
+    def _load_members(self, arg: TensorView, bufname: str, role: str, it: WorkItem, heads: tuple[int, ...], r0: int,
+                      n: int, ncols: int, member_lanes: list[int]) -> list[tuple[int, int]]:
+        """Load rows [r0, r0+n) of an item's heads; return each member's (row width, element offset of its
+        first row). Members sharing sticks are one load (the first member's heads, ``ncols`` wide; member m
+        at lane ``member_lanes[m]``); a role loaded apart is one load per member, one after the other."""
+        if role not in it.apart:
+            w, lane0 = self._load(arg, bufname, it.batches, heads[:len(heads) // it.members], r0, n, ncols)
+            return [(w, lane0 + dl) for dl in member_lanes]
+        parts, at = [], 0  # at: sticks loaded so far
+        for h in heads:
+            dev, lane0 = _tile_sticks(arg, it.batches, (h,), r0, n, 0, ncols)
+            self.ins += dma_tile(arg, dev, self.buf[bufname] + at * STICK_BYTES, store=False)
+            parts.append((dev.shape[-1] * arg.lanes, at * arg.lanes + lane0))
+            at += dev.size
+        return parts
+
     # --- stage 1: loads and S = Q K^T -----------------------------------------------------------
     def _scores(self, st: _Step) -> None:
         d, t, spec, it = self.dims, self.t, self.spec, st.item
         sub, P = it.sub_rows, it.members
         cols = _member_cols(spec, d, it)
         if st.first:
-            w, lane0 = self._load(spec.query, f"q{st.parity}", it.batches, it.stacked, it.q0, it.nq, cols["q"])
-            self.q = self.sp(f"q{st.parity}", d.dtype, (len(it.batches) * sub, d.D), (w, 1), lane0)
-        wk, lk = self._load(spec.key, f"k{st.bp}", it.batches, it.kv_heads[:1], st.k0, st.nk, cols["k"])
-        wv, lv = self._load(spec.value, f"v{st.bp}", it.batches, it.kv_heads[:1], st.k0, st.nk, cols["v"])
-        dk, dv = _kv_lane_deltas(spec.key, d, it), _kv_lane_deltas(spec.value, d, it)
+            self.q = self._load_members(spec.query, f"q{st.parity}", "query", it, it.heads, it.q0, it.nq, cols["q"],
+                                        [m * d.D for m in range(P)])
+        ks = self._load_members(spec.key, f"k{st.bp}", "key", it, it.kv_heads, st.k0, st.nk, cols["k"],
+                                _kv_lane_deltas(spec.key, d, it, "key"))
+        vs = self._load_members(spec.value, f"v{st.bp}", "value", it, it.kv_heads, st.k0, st.nk, cols["v"],
+                                _kv_lane_deltas(spec.value, d, it, "value"))
         if self.mask is not None:
             st.mask = self._load_mask(st)
-        q = self.q
-        # One QK^T per (batch, member): a member's Q, K and V are lane offsets into the shared sticks.
+        # One QK^T per (batch, member): a member's Q, K and V are lane offsets into the shared sticks, or
+        # rows of their own when loaded apart.
         for i in range(len(it.batches)):
             for m in range(P):
-                kt = self.sp(f"k{st.bp}", d.dtype, (d.D, st.nk), (1, wk), i * st.nk * wk + lk + dk[m])  # K^T by strides
+                (wq, oq), (wk, ok), (wv, ov) = self.q[m], ks[m], vs[m]
+                kt = self.sp(f"k{st.bp}", d.dtype, (d.D, st.nk), (1, wk), ok + i * st.nk * wk)  # K^T by strides
                 st.kt.append(kt)
-                st.v.append(self.sp(f"v{st.bp}", d.dtype, (st.nk, d.Dv), (wv, 1), i * st.nk * wv + lv + dv[m]))
-                qi = SpTensor(q.offset + (i * sub * q.strides[0] + m * d.D) * q.itemsize, q.dtype, (sub, d.D), q.strides)
+                st.v.append(self.sp(f"v{st.bp}", d.dtype, (st.nk, d.Dv), (wv, 1), ov + i * st.nk * wv))
+                qi = self.sp(f"q{st.parity}", d.dtype, (sub, d.D), (wq, 1), oq + i * sub * wq)
                 si = self.sp(f"s{st.bp}", "float32", (sub, st.nk), (t.block_k, 1), (i * P + m) * sub * t.block_k)
                 self.ins.append(MatMul(si, qi, kt))
         self.stats["blocks"] += 1

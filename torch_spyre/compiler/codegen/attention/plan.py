@@ -26,6 +26,9 @@ class Tiling:
     lane_heads: int = 1  # heads side by side in the same sticks (e.g. heads of 32 in a fused qkv buffer)
     pack_out: bool = False  # the lane heads' outputs share sticks too: stored together, one row per stick row
     out_slots: int = 2  # output tiles per core: 2 alternate; more hold every item's output to store at the end
+    # Roles ("query", "key", "value") whose lane heads do not share sticks (e.g. K and V in buffers of
+    # their own while the output packs heads): loaded member by member, each its own rows of the tile.
+    apart: tuple[str, ...] = ()
 
     def rows(self) -> int:
         return self.block_q * self.heads_per_tile * self.batches_per_tile * self.lane_heads
@@ -43,6 +46,7 @@ class WorkItem:
     nq: int
     k_blocks: list[tuple[int, int]]  # (k0, nk) streamed for this item
     skipped: int  # key blocks above the causal diagonal
+    apart: tuple[str, ...] = ()  # Tiling.apart
 
     @property
     def members(self) -> int:
@@ -73,7 +77,8 @@ def _work_items(dims: _Dims, t: Tiling, causal: bool) -> list[WorkItem]:
                 nq = min(t.block_q, dims.Lq - q0)
                 # Causal: query i sees keys j <= i, so nothing at or past q0 + nq.
                 blocks = [kb for kb in all_blocks if not causal or kb[0] < q0 + nq]
-                items.append(WorkItem(batches, kv_heads, heads, q0, nq, blocks, len(all_blocks) - len(blocks)))
+                items.append(WorkItem(batches, kv_heads, heads, q0, nq, blocks, len(all_blocks) - len(blocks),
+                                      t.apart))
     return items
 
 
@@ -111,33 +116,57 @@ def _lane_table(arg: TensorView, batches: int, heads: int) -> np.ndarray:
     return _row0(arg, batches, heads)[1]
 
 
-def _kv_lane_deltas(arg: TensorView, dims: _Dims, it: WorkItem) -> list[int]:
-    """Lane of each member's K (or V) rows relative to the first member's, in the shared sticks."""
+def _kv_lane_deltas(arg: TensorView, dims: _Dims, it: WorkItem, role: str) -> list[int]:
+    """Lane of each member's K (or V) rows relative to the first member's, in the shared sticks (0 for
+    members loaded apart: each is its own rows)."""
+    if role in it.apart:
+        return [0] * it.members
     lanes = _row0(arg, dims.B, dims.Hkv)[1][it.batches[0]]
     return [int(lanes[h] - lanes[it.kv_heads[0]]) for h in it.kv_heads]
 
 
 def _member_cols(spec: AttentionSpec, dims: _Dims, it: WorkItem) -> dict[str, int]:
     """Columns loaded per row of Q, K and V: one head's, or the span of all members side by side."""
-    return {"q": dims.D * it.members, "k": dims.D + max(_kv_lane_deltas(spec.key, dims, it)),
-            "v": dims.Dv + max(_kv_lane_deltas(spec.value, dims, it))}
+    return {"q": dims.D * (1 if "query" in it.apart else it.members),
+            "k": dims.D + max(_kv_lane_deltas(spec.key, dims, it, "key")),
+            "v": dims.Dv + max(_kv_lane_deltas(spec.value, dims, it, "value"))}
 
 
 def _lane_packable(spec: AttentionSpec, dims: _Dims, P: int) -> bool:
     """Can ``P`` consecutive query heads share one tile side by side? Their Q rows must start in the same
     stick at lanes D apart, and their K and V rows in the same sticks (at any fixed lane offsets)."""
-    if P < 2 or dims.Hq % P:
-        return False
+    return P >= 2 and dims.Hq % P == 0 and not _apart_roles(spec, dims, P)
+
+
+def _apart_roles(spec: AttentionSpec, dims: _Dims, P: int) -> tuple[str, ...]:
+    """The roles whose rows of ``P`` consecutive query heads (one tile's lane heads) do not share sticks
+    as a lane-heads tile loads them: Q rows in one stick at lanes D apart; K and V rows in the same
+    sticks at fixed lane offsets."""
+    apart = []
     qs, ql = _row0(spec.query, dims.B, dims.Hq)
     for h0 in range(0, dims.Hq, P):
-        hs, kvs = list(range(h0, h0 + P)), [h // dims.group for h in range(h0, h0 + P)]
+        hs = list(range(h0, h0 + P))
         if (qs[:, hs] != qs[:, [h0]]).any() or (ql[:, hs] != ql[:, [h0]] + dims.D * np.arange(P)).any():
-            return False
-        for arg in (spec.key, spec.value):
-            st, ln = _row0(arg, dims.B, dims.Hkv)
+            apart.append("query")
+            break
+    for role, arg in (("key", spec.key), ("value", spec.value)):
+        st, ln = _row0(arg, dims.B, dims.Hkv)
+        for h0 in range(0, dims.Hq, P):
+            kvs = [h // dims.group for h in range(h0, h0 + P)]
             delta = ln[:, kvs] - ln[:, [kvs[0]]]
             if (st[:, kvs] != st[:, [kvs[0]]]).any() or (delta < 0).any() or (delta != delta[:1]).any():
-                return False
+                apart.append(role)
+                break
+    return tuple(apart)
+
+
+def _batches_stackable(spec: AttentionSpec, dims: _Dims, nb: int) -> bool:
+    """Every load stacks ``nb`` batches of one head's rows: they must share a lane offset in q, k and v."""
+    for role in ("query", "key", "value"):
+        arg = getattr(spec, role)
+        lanes = _lane_table(arg, dims.B, dims.Hq if role == "query" else dims.Hkv)
+        if any(np.unique(lanes[b:b + nb, h]).size > 1 for b in range(0, dims.B, nb) for h in range(lanes.shape[1])):
+            return False
     return True
 
 
@@ -182,6 +211,8 @@ def _candidates(dims: _Dims, spec: AttentionSpec) -> list[Tiling]:
            if dims.group % g == 0 and uniform(n, g) and (p == 1 or (g == 1 and _lane_packable(spec, dims, p)))]
     if shared_out:  # heads' outputs share sticks: only tiles holding all of a stick's heads can store them
         out = [t for t in out if t.pack_out]
+        if not out:  # q/k/v do not hold those heads side by side: load the roles that do not member by member
+            out = _apart_candidates(spec, dims, bq, bk, nbs)
         if not out:
             raise CodegenError(
                 f"sdpa out %{spec.out.name}: each head's output rows share their sticks with other heads, and "
@@ -193,3 +224,15 @@ def _candidates(dims: _Dims, spec: AttentionSpec) -> list[Tiling]:
                            f"{spec.batches_per_tile}, lane_heads_per_tile={spec.lane_heads_per_tile} do not divide the "
                            "GQA group / batch, or stack rows at different lanes, or heads do not share sticks")
     return [t for t in out if t.rows() <= MAX_TILE_ROWS] or out[:1]
+
+
+def _apart_candidates(spec: AttentionSpec, dims: _Dims, bq: list[int], bk: list[int], nbs: list[int]) -> list[Tiling]:
+    """Lane-heads tilings that pack the output's heads of one stick into one tile when q, k or v do not
+    hold those heads side by side (e.g. K and V in buffers of their own, sticked on the head dim): those
+    roles are loaded one member at a time (one DMA per member instead of one per tile)."""
+    P = spec.out.lanes // dims.Dv if dims.Dv < spec.out.lanes else 1
+    if P < 2 or dims.Hq % P or not _out_packable(spec, dims, P):
+        return []
+    apart = _apart_roles(spec, dims, P)
+    return [Tiling(q, k, 1, n, P, True, apart=apart) for q in bq for k in bk for n in nbs
+            if dims.B % n == 0 and _batches_stackable(spec, dims, n)]

@@ -24,11 +24,11 @@ def _row_lanes(arg: TensorView, ncols: int, lane0s: np.ndarray | None = None) ->
 
 def _row_widths(spec: AttentionSpec, dims: _Dims, t: Tiling) -> dict[str, int]:
     """Lanes per scratchpad row of each tile (members side by side widen Q, K and V rows)."""
-    p = t.lane_heads
-    return {"q": _row_lanes(spec.query, dims.D * p, _lane_table(spec.query, dims.B, dims.Hq)),
-            "k": _row_lanes(spec.key, dims.D * p, _lane_table(spec.key, dims.B, dims.Hkv)),
-            "v": _row_lanes(spec.value, dims.Dv * p, _lane_table(spec.value, dims.B, dims.Hkv)),
-            "o": _ceil_to(dims.Dv * (p if t.pack_out else 1), spec.out.lanes)}
+    p = {role: 1 if role in t.apart else t.lane_heads for role in ("query", "key", "value")}
+    return {"q": _row_lanes(spec.query, dims.D * p["query"], _lane_table(spec.query, dims.B, dims.Hq)),
+            "k": _row_lanes(spec.key, dims.D * p["key"], _lane_table(spec.key, dims.B, dims.Hkv)),
+            "v": _row_lanes(spec.value, dims.Dv * p["value"], _lane_table(spec.value, dims.B, dims.Hkv)),
+            "o": _ceil_to(dims.Dv * (t.lane_heads if t.pack_out else 1), spec.out.lanes)}
 
 
 def _mask_tile_dims(mask: TensorView, t: Tiling) -> tuple[int, int, int]:
@@ -41,11 +41,14 @@ def _buffers(dims: _Dims, t: Tiling, mask: TensorView | None, causal: bool, w: d
     """Every scratchpad buffer of one core, two of each that alternates (per item or per block). All are
     live for the whole kernel, since items and blocks reuse them in turn."""
     M, Bc, isz, nb = t.rows(), t.block_k, dims.itemsize, t.batches_per_tile
+    # K and V loaded member by member hold each member's rows (a tile's Q rows are M either way).
+    nk_rows = {r: nb * Bc * (t.lane_heads if r in t.apart else 1) for r in ("key", "value")}
     b: list[SpBuffer] = []
     for p in range(2):
         b += [SpBuffer(f"q{p}", sp_bytes(isz, M, w["q"])), SpBuffer(f"acc{p}", sp_bytes(4, M, dims.Dv)),
               SpBuffer(f"l{p}", sp_bytes(4, M)),
-              SpBuffer(f"k{p}", sp_bytes(isz, nb * Bc, w["k"])), SpBuffer(f"v{p}", sp_bytes(isz, nb * Bc, w["v"])),
+              SpBuffer(f"k{p}", sp_bytes(isz, nk_rows["key"], w["k"])),
+              SpBuffer(f"v{p}", sp_bytes(isz, nk_rows["value"], w["v"])),
               SpBuffer(f"s{p}", sp_bytes(4, M, Bc)), SpBuffer(f"p{p}", sp_bytes(isz, M, Bc)),
               SpBuffer(f"nm{p}", sp_bytes(4, M)), SpBuffer(f"alpha{p}", sp_bytes(4, M)),
               SpBuffer(f"mcur{p}", sp_bytes(4, M)), SpBuffer(f"lcur{p}", sp_bytes(4, M))]

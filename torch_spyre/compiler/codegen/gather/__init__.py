@@ -23,6 +23,7 @@ stick dim); this module builds the program and its decisions and is the wrapper'
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -49,7 +50,7 @@ from torch_spyre.compiler.scratchpad import ScratchpadOverflowError, SpBuffer, p
 from torch_spyre.program import STICK_BYTES, Program
 
 __all__ = ["GENERATOR", "GATHER_KINDS", "INDEX_DTYPES", "ELEMENT_CHUNK_BYTES", "CodegenError", "GatherSpec",
-           "build_gather", "build_element_gather", "explain_gather_error", "spec_from_kernel", "generate"]
+           "build_gather", "build_gather_group", "group_member_specs", "build_element_gather", "explain_gather_error", "spec_from_kernel", "generate"]
 
 
 def build_gather(spec: GatherSpec, config: CardConfig) -> tuple[Program, KernelDecisions]:
@@ -158,9 +159,55 @@ def spec_from_kernel(kspec: Any, places: dict[str, Any]) -> GatherSpec:
                       kspec.name, source_ops=tuple(kspec.source_ops))
 
 
+def build_gather_group(specs: list[GatherSpec], config: CardConfig, name: str) -> tuple[Program, KernelDecisions]:
+    """Gathers of one kernel (``compiler/embedding_group.py``): each member planned as on its own, the
+    programs run one after another (a barrier of every core between two), one launch."""
+    from torch_spyre.compiler.codegen.matmul.group import sequence
+
+    built = [build_gather(s, config) for s in specs]
+    program = sequence(name, [p for p, _ in built])
+    first = built[0][1]
+    dec = KernelDecisions(name, "gather", list(first.source_ops),
+                          buffers=[b for _, d in built for b in d.buffers])
+    dec.work_division = {"members": [{"gather": d.kernel, **d.work_division} for _, d in built]}
+    dec.tiling = {"members": [d.tiling for _, d in built]}
+    dec.fusion = {"embedding_group": len(specs), "optimization": "embedding_group",
+                  "where": "the members' gather programs one after another in one launch, a barrier of every core "
+                           "between two; each writes its slice of the stacked output",
+                  "unfused": "a gather kernel per lookup, each paying the kernel's fixed cost"}
+    dec.notes = [f"member {i}: {n}" for i, (_, d) in enumerate(built) for n in d.notes]
+    program.metadata["decisions"] = dec.to_dict()
+    program.metadata["gather_members"] = [p.metadata.get("gather") for p, _ in built]
+    return program, dec
+
+
+def group_member_specs(sources: list[TensorView], indices: list[TensorView], out: TensorView, name: str,
+                       source_ops: tuple[str, ...] = ()) -> list[GatherSpec]:
+    """The members of an "embedding_group" kernel: lookup k reads ``sources[k]`` by ``indices[k]`` and
+    writes ``out[k]`` (whole rows of the stacked output: each slice starts on a row, rows own their sticks)."""
+    return [GatherSpec("embedding", src, idx, replace(out, shape=out.shape[1:], strides=out.strides[1:],
+                                                      storage_offset=out.storage_offset + k * out.strides[0]),
+                       0, f"{name}[{k}]", source_ops=source_ops)
+            for k, (src, idx) in enumerate(zip(sources, indices))]
+
+
+def _group_specs(kspec: Any, places: dict[str, Any]) -> list[GatherSpec]:
+    def view(role: str) -> TensorView:
+        return TensorView.of_kernel_buffer(kspec, role, places)
+
+    members = kspec.params["members"]
+    return group_member_specs([view(m["source"]) for m in members], [view(m["index"]) for m in members],
+                              view("out"), kspec.name, tuple(kspec.source_ops))
+
+
 def generate(kspec: Any, places: dict[str, Any], config: CardConfig) -> Program:
     """Register with ``wrapper.register_generator(GENERATOR, generate)``."""
-    program, decisions = build_gather(spec_from_kernel(kspec, places), config)
+    if kspec.params.get("kind") == "embedding_group":
+        program, decisions = build_gather_group(_group_specs(kspec, places), config, kspec.name)
+    else:
+        program, decisions = build_gather(spec_from_kernel(kspec, places), config)
+        if kspec.params.get("note"):  # why it was not grouped with its siblings (compiler/embedding_group.py)
+            decisions.notes.append(kspec.params["note"])
     decisions.source_lines = list(getattr(kspec, "source_lines", []))
     program.metadata["decisions"] = decisions.to_dict()
     return program

@@ -14,13 +14,16 @@ Per row tile:
   the cores). Partial sums flow over the ring toward the finisher (the core at the memory stop) from both
   sides, each core adding what it receives before passing it on; the finisher adds both, the down bias,
   rounds once and stores. Chain steps run one tile behind the matmuls, so the PE arrays run ahead.
+  With a LayerNorm after the block (``norm_eps``), the finisher adds the residual too and keeps the
+  fp32 sums of the row tile's whole rows; after the last output tile it normalizes them, rounds once
+  and stores the rows.
   Receive slots are reused with credits (``Signal`` after the add, ``Wait`` before a send that reuses one).
 """
 
 from __future__ import annotations
 
 from ....card.config import CardConfig
-from ....program import Elementwise, Instruction, MatMul, RingRecv, RingSend, Scalar, Signal, SpTensor, Wait
+from ....program import Elementwise, Instruction, MatMul, Reduce, RingRecv, RingSend, Scalar, Signal, SpTensor, Wait
 from ..matmul.plan import _chunks_el, _round
 from ..matmul.spec import DL, F32, UNIT
 from .plan import MlpCore, MlpTiles, MlpWork, leftover_rows, passes, row_tiles
@@ -194,6 +197,52 @@ class MlpEmitter:
         if pending is not None:
             self.chain(*pending)
 
+    def finish_norm(self, acc: SpTensor, rt, n0: int, nn: int) -> None:
+        """The finisher with a LayerNorm: this output tile's fp32 sums (+ down bias + residual) go into the
+        row tile's whole rows; after the last tile the rows are normalized over H (mean, then the variance
+        of the centred values, as torch computes them), scaled, shifted, rounded once and stored."""
+        p, t = self.p, self.t
+        b0, nb, m0, nm = rt
+        R, pitch, hp = nb * nm, t.n2 * UNIT, p.h_sticks * UNIT
+        y = SpTensor(self.off["ln_rows"] + n0 * 4, F32, (R, nn), (hp, 1))
+        if p.b_down is not None:
+            self.ins.append(p.b_down.dma((0, 0, n0), (1, 1, nn), self.off["bd"]))
+            bias = SpTensor(self.off["bd"], p.b_down.layout.device_dtype, (R, nn), (0, 1))
+            self.ins.append(Elementwise("add", y, (acc, bias)))
+        else:
+            self.ins.append(Elementwise("copy", y, (acc,)))
+        if p.residual is not None:
+            r = p.residual
+            self.ins.append(r.dma((b0, m0, n0), (nb, nm, nn), self.off["ln_res"], row_bytes=pitch * r.layout.itemsize))
+            self.ins.append(Elementwise("add", y, (y, SpTensor(self.off["ln_res"], r.layout.device_dtype, (R, nn),
+                                                               (pitch, 1)))))
+        if n0 + nn < p.H:
+            return
+        h = p.H
+        rows = SpTensor(self.off["ln_rows"], F32, (R, h), (hp, 1))
+        sq = SpTensor(self.off["ln_sq"], F32, (R, h), (hp, 1))
+        mean = SpTensor(self.off["ln_mean"], F32, (R, 1))
+        rstd = SpTensor(self.off["ln_rstd"], F32, (R, 1))
+        wide = lambda col: SpTensor(col.offset, F32, (R, h), (1, 0))  # noqa: E731 - a row's value on each column
+        self.ins += [Reduce("sum", mean, rows, axis=1), Elementwise("mul", mean, (mean, Scalar(1.0 / h))),
+                     Elementwise("sub", rows, (rows, wide(mean))), Elementwise("mul", sq, (rows, rows)),
+                     Reduce("sum", rstd, sq, axis=1),
+                     Elementwise("fma", rstd, (rstd, Scalar(1.0 / h), Scalar(float(p.spec.norm_eps)))),
+                     Elementwise("rsqrt", rstd, (rstd,))]
+        steps = [("mul", (rows, wide(rstd)))]
+        for name, v, op in (("ln_w", p.norm_weight, "mul"), ("ln_b", p.norm_bias, "add")):
+            if v is not None:
+                self.ins.append(v.dma((0, 0, 0), (1, 1, h), self.off[name]))
+                steps.append((op, (rows, SpTensor(self.off[name], v.layout.device_dtype, (R, h), (0, 1)))))
+        dt, isz = p.out.layout.device_dtype, p.out.layout.itemsize
+        out = SpTensor(self.off["ln_out"], dt, (R, h), (hp, 1))
+        for i, (op, inputs) in enumerate(steps):  # the last step writes the output: the one rounding
+            self.ins.append(Elementwise(op, out if i == len(steps) - 1 else rows, inputs))
+        if hp != h:
+            self.ins.append(Elementwise("copy", SpTensor(self.off["ln_out"] + h * isz, dt, (R, hp - h), (hp, 1)),
+                                        (Scalar(0.0),)))
+        self.ins.append(p.out.dma((b0, m0, 0), (nb, nm, h), self.off["ln_out"], store=True, row_bytes=hp * isz))
+
     def upstream(self) -> list[tuple[int, int]]:
         """(core, receive buffer) of the neighbours whose partial sums this core adds."""
         order, q, f = self.work.cores, self.c.pos, self.work.finisher
@@ -236,6 +285,9 @@ class MlpEmitter:
         R = nb * nm
         pitch = t.n2 * UNIT
         acc = SpTensor(acc_off, F32, (R, nn), (pitch, 1))
+        if p.has_norm:
+            self.finish_norm(acc, rt, n0, nn)
+            return
         if p.out.layout.device_dtype == F32 and p.b_down is None:
             self.ins.append(p.out.dma((b0, m0, n0), (nb, nm, nn), acc_off, store=True, row_bytes=pitch * 4))
             return

@@ -149,6 +149,19 @@ def buffers(p: _MlpProblem, work: MlpWork, t: MlpTiles) -> list[SpBuffer]:
     bufs += [SpBuffer(f"o{i}", R * t.n2 * UNIT * p.out.layout.itemsize, 2, 3) for i in range(2)]
     if p.b_down is not None:
         bufs.append(SpBuffer("bd", t.n2 * UNIT * p.b_down.layout.itemsize, 2, 3))
+    if p.has_norm:  # the finisher keeps the row tile's whole rows (fp32 sums) until its last output tile
+        hp = p.h_sticks * UNIT
+        # With several row tiles the finisher still normalizes one while the ring brings the next one's
+        # x and weight tiles: its buffers must not share bytes with phase 1's.
+        s0 = 0 if x_end == 3 else 2
+        bufs += [SpBuffer("ln_rows", R * hp * 4, s0, 3), SpBuffer("ln_sq", R * hp * 4, s0, 3),
+                 SpBuffer("ln_out", R * hp * p.out.layout.itemsize, s0, 3),
+                 SpBuffer("ln_mean", R * 4, s0, 3), SpBuffer("ln_rstd", R * 4, s0, 3)]
+        if p.residual is not None:
+            bufs.append(SpBuffer("ln_res", R * t.n2 * UNIT * p.residual.layout.itemsize, s0, 3))
+        for name, v in (("ln_w", p.norm_weight), ("ln_b", p.norm_bias)):
+            if v is not None:
+                bufs.append(SpBuffer(name, hp * v.layout.itemsize, s0, 3))
     return bufs
 
 

@@ -2,7 +2,9 @@
 
 ``out = act(x @ w_up + b_up) [* (x @ w_gate + b_gate) ...] @ w_down + b_down``; precisely, with a gate
 (SwiGLU: ``act`` = SiLU, GeGLU: GELU) ``h = act(x @ w_gate + b_gate) * (x @ w_up + b_up)``, without one
-``h = act(x @ w_up + b_up)``, and ``out = h @ w_down + b_down``. ``x`` is [M, H] or [B, S, H]; the
+``h = act(x @ w_up + b_up)``, and ``out = h @ w_down + b_down``; with ``norm_eps``, ``out =
+LayerNorm(h @ w_down + b_down + residual) * norm_weight + norm_bias`` over H (a post-LN block's residual
+and norm, ``compiler/mlp_norm.py``), on the fp32 sums before the one rounding. ``x`` is [M, H] or [B, S, H]; the
 weights are views [H, I] (up, gate) and [I, H] (down), as ``nn.Linear``'s weights transposed; the biases
 are [I] and [H]. Operands are :class:`~torch_spyre.compiler.access.TensorView` s bound to device bytes
 with the matmul generator's binder (``codegen/matmul/spec.py``), so views are read in place.
@@ -38,6 +40,10 @@ class MlpSpec:
     activation: str = "silu"
     name: str = "fused_mlp"
     source_ops: tuple[str, ...] = ()
+    residual: TensorView | None = None  # [.., H] like out
+    norm_weight: TensorView | None = None  # [H]
+    norm_bias: TensorView | None = None  # [H]
+    norm_eps: float | None = None  # a LayerNorm over H after the residual (None: none)
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,13 @@ class _MlpProblem:
     S: int
     H: int
     I: int
+    residual: _Bound | None = None  # (batch, S, H)
+    norm_weight: _Bound | None = None  # (1, 1, H)
+    norm_bias: _Bound | None = None
+
+    @property
+    def has_norm(self) -> bool:  # the finisher keeps a row tile's whole rows to normalize them
+        return self.spec.norm_eps is not None
 
     @property
     def gated(self) -> bool:
@@ -128,4 +141,18 @@ def check(spec: MlpSpec) -> _MlpProblem:
         biases.append(bound)
     if spec.b_gate is not None and spec.w_gate is None:
         raise MlpSpecError("b_gate without w_gate")
-    return _MlpProblem(spec, x, wu, wg, wd, out, *biases, b, s, h, i)
+    norm = []
+    if spec.norm_eps is None and any(v is not None for v in (spec.residual, spec.norm_weight, spec.norm_bias)):
+        raise MlpSpecError("residual, norm_weight and norm_bias come with norm_eps (the LayerNorm after the MLP)")
+    if spec.residual is not None and _shape3(spec.residual) != (b, s, h):
+        raise MlpSpecError(f"residual %{spec.residual.name} has shape {list(spec.residual.shape)}; it must be the "
+                           f"output's {list(spec.out.shape)}")
+    for role, v, shape in (("residual", spec.residual, (b, s, h)), ("norm_weight", spec.norm_weight, (1, 1, h)),
+                           ("norm_bias", spec.norm_bias, (1, 1, h))):
+        if v is not None and role != "residual" and (len(v.shape) != 1 or v.shape[0] != h):
+            raise MlpSpecError(f"{role} %{v.name} has shape {list(v.shape)}; it must be [{h}]")
+        bound = _bind_addend(v, role, shape)
+        if bound is not None and bound.lane_dim != 2:
+            raise MlpSpecError(f"{role} %{v.name} must be sticked on H ({bound.layout.describe()}): relayout it")
+        norm.append(bound)
+    return _MlpProblem(spec, x, wu, wg, wd, out, *biases, b, s, h, i, *norm)
