@@ -202,11 +202,30 @@ def test_layer_norm_after_a_fused_matmul_is_folded_in():
     assert torch.ops.aten.var_mean.correction not in targets
 
 
+def test_unread_casts_of_the_statistics_do_not_stop_the_fold():
+    """The spyre-aware decomposition casts mean and rstd to fp16 (the CPU's dtype, device/norm_stats.py);
+    make_fx keeps those casts though nobody reads them, and the LayerNorm is still folded, casts and all."""
+    gm = _graph(_post_ln, *_post_ln_args())
+    casts = [n for n in gm.graph.nodes if n.op == "call_function" and not n.users
+             and n.target in (torch.ops.prims.convert_element_type.default, torch.ops.aten._to_copy.default)]
+    assert len(casts) == 2 and {_val_dtype(c) for c in casts} == {torch.float16}
+    epilogue.fuse_matmul_epilogues(gm)
+    [m] = epilogue_norm.fuse_layer_norms(gm)
+    assert all(c not in gm.graph.nodes for c in casts)
+    assert not [n for n in gm.graph.nodes if n.op == "call_function" and not n.users]
+
+
+def _val_dtype(node):
+    return node.meta["val"].dtype
+
+
 @pytest.mark.parametrize("fn", [
     # the sum is also returned: it must reach device memory
     lambda x, w, b, res, nw, nb: (lambda y: (F.layer_norm(y, (w.shape[0],), nw, nb), y))(F.linear(x, w, b) + res),
     # over the last two dims, not the matmul's N alone
     lambda x, w, b, res, nw, nb: F.layer_norm(F.linear(x, w, b) + res, tuple(res.shape[-2:])),
+    # the statistics are returned too: the fused kernel does not write them
+    lambda x, w, b, res, nw, nb: torch.native_layer_norm(F.linear(x, w, b) + res, (w.shape[0],), nw, nb, 1e-12)[:2],
     # an RMS norm is not a LayerNorm
     lambda x, w, b, res, nw, nb: F.rms_norm(F.linear(x, w, b) + res, (w.shape[0],), nw),
 ])

@@ -137,3 +137,51 @@ def test_a_kernel_refused_at_code_generation_falls_back_too():
     # The whole fused node's ops fell back (add, lgamma, mul): over-cautious, still right.
     assert "aten.lgamma.default" in stats.compile_fallbacks
     assert any("aten.lgamma.default" in m for m in calls[0])
+
+
+@pytest.mark.parametrize("error", ["LoweringError", "CodegenError"])
+def test_a_kernel_whose_program_cannot_be_generated_falls_back(error):
+    """Programs are generated at run time, where nothing can fall back: the compile generates each fused
+    pointwise/reduction kernel's program for the placements the wrapper allocates, and a kernel whose
+    generator refuses (as the batch norm backward's did, "load ... has no view in this box") has its ops
+    marked and the graph compiled again with them as fallback kernels: a warning once per op, counted,
+    torch's answer. Kernels that do generate keep their program for their first call."""
+    from torch_spyre.compiler import access, kernel_ir, kernel_runtime
+
+    refusal = access.CodegenError if error == "CodegenError" else kernel_ir.LoweringError
+
+    def refuse_sums(spec):
+        make = real(spec)
+        if spec.generator or not any("sum" in op for op in spec.source_ops):
+            return make
+
+        def generate(*args, **kwargs):
+            raise refusal(f"kernel {spec.name}: refused by the test")
+        return generate
+
+    def fn(a):
+        return torch.relu((a * 2.375).sum(-1)) + 1.625  # constants no other test uses: a kernel of this content
+        # generated before in the process would not be generated again (kernel_runtime.check_program)
+
+    x = torch.rand(8, 64, generator=torch.Generator().manual_seed(5))
+    real = kernel_runtime.generator_for
+    kernel_runtime.generator_for = refuse_sums
+    try:
+        got, calls, stats = compiled_with_warnings(fn, x)
+    finally:
+        kernel_runtime.generator_for = real
+    torch.testing.assert_close(got, fn(x), **TOL[torch.float32])
+    assert stats.compile_fallbacks.get("aten.sum.dim_IntList") == 1, stats.compile_fallbacks
+    assert any("aten.sum.dim_IntList" in m and "refused by the test" in m for m in calls[0]), calls[0]
+    assert calls[1] == []  # warned once
+
+
+def test_kernels_that_generate_use_the_program_the_compile_made():
+    x = torch.rand(8, 64, generator=torch.Generator().manual_seed(6))
+    wrapper.reset_shape_cache_stats()
+    # (constants no other test uses, as above)
+    got, calls, stats = compiled_with_warnings(lambda a: torch.softmax(a * 3.125, -1) + a, x)
+    torch.testing.assert_close(got, torch.softmax(x * 3.125, -1) + x, **TOL[torch.float32])
+    assert not stats.compile_fallbacks and calls == [[], []]
+    counts = wrapper.shape_cache_stats()
+    assert counts["checked"] >= 1 and counts["checked"] <= counts["programs"], counts

@@ -53,6 +53,9 @@ PRIVATE_SYMBOLS = [
     "torch:ops.aten.add.Tensor._schema",
     "torch:UntypedStorage._cdata",
     "torch._tensor_str:tensor_totype",
+    "torch._decomp:decomposition_table",
+    "torch._refs:native_layer_norm",
+    "torch.autograd:_unsafe_preserve_version_counter",
 ]
 
 OpOverload = torch._ops.OpOverload  # the type of ``torch.ops.aten.add.Tensor`` (for annotations)
@@ -115,6 +118,43 @@ def set_composite_python_kernel(op: Any, fn: Callable[..., Any]) -> None:
     while tracing, calls it instead of the C++ decomposition). Idempotent: an existing one is kept."""
     if _COMPOSITE_IMPLICIT not in op.py_kernels:
         op.py_impl(_COMPOSITE_IMPLICIT)(fn)
+
+
+def wrap_decompositions(ops: list[Any], wrap: Callable[[Any, Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Patch: each op's Python decomposition in torch's table (which fake tensors run while tracing, and
+    Inductor's decomposition table copies at its import) becomes ``wrap(op, decomposition)``. The layer
+    norm's fake kernel and Inductor's decomposition call ``torch._refs.native_layer_norm`` by name, so that
+    function is wrapped too (and Inductor's reference to it, if Inductor is already loaded). Idempotent."""
+    import sys
+
+    import torch._decomp
+    import torch._refs
+
+    def wrapped(op: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+        if getattr(fn, "_spyre_wrapped", False):
+            return fn
+        new = functools.wraps(fn)(wrap(op, fn))
+        new._spyre_wrapped = True
+        return new
+
+    inductor = sys.modules.get("torch._inductor.decomposition")
+    tables = [torch._decomp.decomposition_table] + ([inductor.decompositions] if inductor else [])
+    for op in ops:
+        for table in tables:
+            if op in table and op is not torch.ops.aten.native_layer_norm.default:
+                table[op] = wrapped(op, table[op])
+        if op is torch.ops.aten.native_layer_norm.default:
+            ref = torch._refs.native_layer_norm = wrapped(op, torch._refs.native_layer_norm)
+            torch._decomp.decomposition_table[op] = ref
+            if inductor is not None:
+                inductor.decomp_native_layer_norm = ref
+
+
+def unversioned_writes(tensors: tuple) -> Any:
+    """Context manager: writes to ``tensors`` inside it leave their autograd version counters as they
+    were, as the CPU's batch norm kernels write the running statistics (their schemas do not declare
+    the write, so autograd may have saved those tensors for the backward)."""
+    return torch.autograd._unsafe_preserve_version_counter(tuple(tensors))
 
 
 def op_schema(op: Any) -> Any:

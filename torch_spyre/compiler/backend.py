@@ -41,10 +41,11 @@ _SOURCES_HASH: str | None = None
 def compiler_fingerprint() -> str:
     """Part of Inductor's FX-graph cache key for every graph (through the device's custom pass uuid): a
     hash of the compiler's sources, so a cached wrapper never outlives the compiler that wrote it, and of
-    the card configuration, so a wrapper compiled for one card (its core count, scratchpad, stick size)
-    is never served for another, and of the optimizations switched off. Input layouts are not in the key
-    because nothing cached depends on them: programs are generated from the cached kernel specs at run
-    time, per placement (stick layout, storage offset) of the bound tensors."""
+    the card configuration (and of the device's decomposition patches, which change the graphs), so a
+    wrapper compiled for one card (its core count, scratchpad, stick size) is never served for another,
+    and of the optimizations switched off. Input layouts are not in the key because nothing cached
+    depends on them: programs are generated from the cached kernel specs at run time, per placement
+    (stick layout, storage offset) of the bound tensors."""
     import hashlib
     import pathlib
 
@@ -59,6 +60,8 @@ def compiler_fingerprint() -> str:
         for path in [*sorted(root.rglob("*.py")), root.parent / "device" / "sdpa.py"]:
             h.update(str(path.relative_to(root.parent)).encode())
             h.update(path.read_bytes())
+        # the decompositions the device patches change traced graphs (device/norm_stats.py)
+        h.update((root.parent / "device" / "norm_stats.py").read_bytes())
         _SOURCES_HASH = h.hexdigest()
     from . import optimizations
 

@@ -12,7 +12,10 @@ It runs in the device's post-grad pass after the epilogue fusion, when the ``mat
 optimization is on (``optimizations.py``). The LayerNorm is recognized in the form Inductor's
 decomposition gives it: an upcast to fp32 (for 16-bit values), ``var_mean(correction=0, keepdim)`` over
 the last dim, ``(x - mean) * rsqrt(var + eps)``, an optional ``* weight`` and ``+ bias`` of [N], the
-downcast. Each intermediate must have no other reader. 16-bit matmuls only (an fp32 matmul's kernel
+downcast. Each intermediate must have no other reader, except a cast nobody reads: the spyre-aware
+decomposition casts the statistics (mean, rstd) of 16-bit inputs to the input's dtype, as the CPU returns
+them (``device/norm_stats.py``), and those casts stay in a graph until dead code is eliminated (Inductor
+does it before this pass; ``make_fx`` does not). 16-bit matmuls only (an fp32 matmul's kernel
 multiplies 16-bit parts concatenated along K, ``fp32_matmul.py``; the norm was not built for it).
 
 When no tiling of the fused kernel fits the scratchpad (whole rows of a wide N per core), the graph keeps
@@ -101,7 +104,7 @@ def match(x: Any) -> Norm | None:
     if set(items) != {0, 1} or len(vm.users) != 2:
         return None
     var, mean = items[0], items[1]
-    if _only_user(mean) is not sub or sub.args[1] is not mean:
+    if _live_only_user(mean) is not sub or sub.args[1] is not mean:
         return None
     add_eps = _only_user(var)
     if not _is(add_eps, _aten.add.Scalar, _aten.add.Tensor) or add_eps.args[0] is not var \
@@ -111,9 +114,10 @@ def match(x: Any) -> Norm | None:
     if not _is(rsqrt, _aten.rsqrt.default):
         return None
     norm = _only_user(sub)
-    if not _is(norm, _aten.mul.Tensor) or _only_user(rsqrt) is not norm or set(norm.args) != {sub, rsqrt}:
+    if not _is(norm, _aten.mul.Tensor) or _live_only_user(rsqrt) is not norm or set(norm.args) != {sub, rsqrt}:
         return None
-    nodes += [vm, var, mean, sub, add_eps, rsqrt, norm]
+    dead = [u for s in (mean, rsqrt) for u in s.users if _dead_cast(u)]
+    nodes += [*dead, vm, var, mean, sub, add_eps, rsqrt, norm]
     cur, weight, bias = norm, None, None
     nxt = _only_user(cur)
     if _is(nxt, _aten.mul.Tensor) and _vector(_other(nxt, cur), n):
@@ -130,6 +134,17 @@ def match(x: Any) -> Norm | None:
         cur = nxt
         nodes.append(nxt)
     return Norm(x, weight, bias, float(add_eps.args[1]), cur, nodes)
+
+
+def _dead_cast(node: Any) -> bool:
+    """A dtype cast whose value nobody reads (the statistics' cast to the input's dtype, norm_stats.py)."""
+    return _is(node, *_UPCASTS) and not node.users
+
+
+def _live_only_user(node: Any) -> Any:
+    """``node``'s only reader, not counting casts nobody reads; None if it has several."""
+    users = [u for u in node.users if not _dead_cast(u)]
+    return users[0] if len(users) == 1 else None
 
 
 def _other(node: Any, cur: Any) -> Any:
@@ -195,7 +210,10 @@ def _rewrite(graph: torch.fx.Graph, m: Norm) -> None:
         fused.meta["val"] = _val(m.last)
         fused.meta["spyre_epilogue"] = {**x.meta.get("spyre_epilogue", {}), "layer_norm": True}
     m.last.replace_all_uses_with(fused)
-    for node in reversed([x, *m.nodes]):
+    dead = [n for n in m.nodes if _dead_cast(n)]  # the statistics' unread casts first: they read the norm's nodes
+    for node in dead:
+        graph.erase_node(node)
+    for node in reversed([x, *(n for n in m.nodes if n not in dead)]):
         if not node.users:
             graph.erase_node(node)
 

@@ -13,7 +13,10 @@ Two places find them, both on graphs on spyre:
   (a scatter) is marked and the graph compiled again (the seam's ``retry_compile_after_fallbacks``).
 - **at code generation** (``scheduling.py``): a fused node whose kernel spec still raises
   ``LoweringError`` marks the FX nodes it came from, and the graph is compiled again with them as
-  fallback kernels.
+  fallback kernels. So does a fused pointwise/reduction kernel whose *program* cannot be generated:
+  programs are made at run time, per placement of the bound tensors, where nothing can fall back any
+  more, so :func:`check_generates` makes one at compile time for the placements the wrapper allocates
+  (the layout plan's, else the default layout of each buffer); every FX node of the kernel is marked.
 
 At run time the fallback kernel's op goes through the device like any eager op (``device/fallback.py``):
 as a cached single-op program when the eager path can make one, else on the host. The generated code
@@ -34,7 +37,7 @@ import torch
 
 from .._torch import inductor as torch_inductor
 from .._torch.device import OpOverload
-from .kernel_spec import DynamicShapeError, LoweringError, Op, UnsupportedDtypeError, UnsupportedOpError
+from .kernel_spec import DynamicShapeError, LoweringError, Op, UnsupportedDtypeError, UnsupportedOpError, torch_dtype
 
 DEVICE = "spyre"
 
@@ -119,16 +122,57 @@ def index_from_memory(ops: list[Op]) -> str | None:
 
 
 def mark_unlowered(error: LoweringError) -> bool:
-    """A kernel spec could not be made (at code generation): mark the FX nodes of the scheduler node
-    that failed as fallback kernels for the compile's next attempt. True if any was marked."""
+    """A kernel spec or program could not be made (at code generation): mark the FX nodes of the
+    scheduler node(s) that failed as fallback kernels for the compile's next attempt. True if any was
+    marked."""
     from . import eager
 
-    node = getattr(error, "failed_node", None)
-    if node is None or eager.compiling() or isinstance(error, (UnsupportedDtypeError, DynamicShapeError)):
+    nodes = getattr(error, "failed_nodes", None) or [getattr(error, "failed_node", None)]
+    if nodes == [None] or eager.compiling() or isinstance(error, (UnsupportedDtypeError, DynamicShapeError)):
         return False
     marked = False
-    for origin in getattr(node.node, "origins", None) or ():
-        if origin.op == "call_function" and isinstance(origin.target, OpOverload):
-            torch_inductor.mark_fallback(origin, str(error))
-            marked = True
+    for node in nodes:
+        for origin in getattr(node.node, "origins", None) or ():
+            if origin.op == "call_function" and isinstance(origin.target, OpOverload):
+                torch_inductor.mark_fallback(origin, str(error))
+                marked = True
     return marked
+
+
+def check_generates(spec: Any, nodes: list, stick_dim: Any) -> None:
+    """Raise a ``LoweringError`` for a fused pointwise/reduction kernel whose program cannot be generated
+    for the placements the compiled graph will most likely bind: each buffer in the layout the wrapper
+    allocates it in (``stick_dim(name)``: the layout plan's sticked dim, else None for the default
+    layout of its size and strides): the generator's ``LoweringError`` or ``CodegenError``, naming the
+    scheduler ``nodes`` (``failed_nodes``) for :func:`mark_unlowered`. Whole-op kernels (matmul,
+    attention, ...) have their own fit checks and are not generated here; nor are symbolic kernels,
+    kernels reading a buffer at a storage offset (its allocation is not known) or the eager path's
+    one-op compiles (their refusal sends the op to the host)."""
+    from ..card.layout import StickLayout
+    from ..device import cards, tensor
+    from . import eager
+    from .access import CodegenError, TensorView
+    from .kernel_runtime import check_program
+
+    if spec.generator or spec.symbols or eager.compiling() or any(b.offset for b in spec.buffers) \
+            or any(0 in b.size for b in spec.buffers):
+        return
+    places = {}
+    for b in spec.buffers:
+        layout = tensor.layout_for(b.size, b.stride, torch_dtype(b.dtype))
+        stick = stick_dim(b.name)
+        if stick is not None:
+            layout = StickLayout(layout.host_shape, stick, layout.device_dtype)
+        places[b.name] = TensorView.whole(b.name, layout, 0)
+    try:
+        check_program(spec, places, cards.config())  # kept for the kernel's first call
+    except (LoweringError, CodegenError) as e:
+        if isinstance(e, (UnsupportedDtypeError, DynamicShapeError)):
+            raise
+        err = (type(e) if isinstance(e, LoweringError) else LoweringError)(
+            f"{e} (its program, made at compile time to check it)")
+        err.failed_nodes = list(nodes)
+        raise err from None
+    except Exception:  # noqa: BLE001 - placements guessed wrong are not the kernel's failure: the run decides
+        return
+

@@ -140,14 +140,16 @@ DEFAULT_SHAPE_CACHE_SIZE = 32
 
 # Over all kernels: "specializations" (symbolic specs made static for new shape values), "programs"
 # (programs prepared for a kernel), "shared" (of those, taken from another kernel of the same content),
-# "evictions" (prepared programs dropped by a kernel's LRU), "hits".
+# "evictions" (prepared programs dropped by a kernel's LRU), "hits", "checked" (programs taken from the
+# compile's generation check instead of generated again).
 _shape_stats: Counter[str] = Counter()
 
 
 def shape_cache_stats() -> dict[str, int]:
     """Counters of every :class:`SpyreKernel` since the last :func:`reset_shape_cache_stats`."""
     with _fallback_lock:
-        return {k: _shape_stats[k] for k in ("specializations", "programs", "shared", "evictions", "hits")}
+        return {k: _shape_stats[k] for k in ("specializations", "programs", "shared", "evictions", "hits",
+                                           "checked")}
 
 
 def reset_shape_cache_stats() -> None:
@@ -177,6 +179,48 @@ def generation_key() -> tuple[str, int | None]:
     """What a generated program depends on besides its spec, placements and card: the optimizations
     switched off and a forced core count. A program prepared under one is never launched under another."""
     return optimizations.fingerprint(), forced_cores()
+
+
+# Programs the compile made to check that a kernel can be generated (``fallback.check_generates``), for
+# the placements the wrapper is expected to bind: the kernel's first call with those takes its program from
+# here instead of generating it again. Bounded; an entry is used once. A kernel of the same content as one
+# checked already (the same layer of another block) is not generated again: at run time it shares that
+# kernel's program (``_shared``).
+_checked: OrderedDict[tuple, Any] = OrderedDict()
+_checked_contents: OrderedDict[tuple, None] = OrderedDict()
+_CHECKED_SIZE = 256
+
+
+def _checked_key(spec: KernelSpec, places: dict[str, Any], config: Any) -> tuple:
+    return spec.to_json(), tuple(sorted(places.items(), key=lambda kv: kv[0])), config, generation_key()
+
+
+def check_program(spec: KernelSpec, places: dict[str, Any], config: Any) -> None:
+    """Generate ``spec``'s program for ``places`` (its ``LoweringError`` propagates) unless a kernel of the
+    same content was generated for the same placements already; keep it for the kernel's first call."""
+    names = _local_names(spec)
+    content = (_content_of(spec, names), config, _places_content(places, names), generation_key())
+    with _fallback_lock:
+        if content in _checked_contents:
+            _checked_contents.move_to_end(content)
+            return
+    program = generator_for(spec)(spec, places, config)
+    with _fallback_lock:
+        _checked_contents[content] = None
+        _checked[_checked_key(spec, places, config)] = program
+        for cache in (_checked_contents, _checked):
+            while len(cache) > _CHECKED_SIZE:
+                cache.popitem(last=False)
+
+
+def _take_checked_program(spec: KernelSpec, places: dict[str, Any], config: Any) -> Any:
+    with _fallback_lock:
+        if not _checked:
+            return None
+        program = _checked.pop(_checked_key(spec, places, config), None)
+    if program is not None:
+        _count("checked")
+    return program
 
 
 class SpyreKernel:
@@ -282,7 +326,8 @@ class SpyreKernel:
     def program_for(self, places: dict[str, Any], config: Any, values: dict[str, int] | None = None):
         spec = self.specialized(values or {})
         if not spec.generator:
-            return generator_for(spec)(spec, places, config)
+            program = _take_checked_program(spec, places, config)
+            return program if program is not None else generator_for(spec)(spec, places, config)
         return _whole_op_program(spec, places, config)
 
     def _prepare(self, places: dict[str, Any], card: int, key: tuple):

@@ -5,8 +5,9 @@ fusion with rules it can lower (same iteration space; pointwise into a reduction
 epilogues over a reduction's outer space) and turns each fused node into one kernel: a
 :class:`~torch_spyre.compiler.kernel_ir.KernelSpec` defined in the wrapper and launched per call
 (``wrapper.py``). Reductions stay one kernel (no split reductions); templates, benchmarking and
-autotuning are not supported. A fused node whose kernel cannot be lowered marks the ops it came from as
-fallback kernels and fails the attempt; the graph is compiled again (``fallback.py``).
+autotuning are not supported. A fused node whose kernel cannot be lowered (its spec, or its program for
+the placements the wrapper allocates) marks the ops it came from as fallback kernels and fails the
+attempt; the graph is compiled again (``fallback.py``).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def _make_scheduling():
             local = self._kernel_local_buffers(nodes)
             try:
                 spec = kernel_ir.kernel_spec(name, nodes, real_name=self._real_name, internal=local)
+                fallback.check_generates(spec, nodes, wrapper.layout_plan.stick_dim)
             except kernel_ir.LoweringError as e:
                 fallback.mark_unlowered(e)  # the compile is retried with those ops as fallback kernels
                 raise

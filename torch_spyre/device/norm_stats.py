@@ -7,14 +7,22 @@ running statistics (shape ``(C,)``) in eval mode. The CPU returns them in the in
 no elements in eval mode, which is what the card is compared with (issue 12). The ops run as before
 (``fallback.run``: a program, or the host); these kernels then give the statistics the CPU's dtype and
 shape. Autograd's backward formulas read them as the CPU's do: the training statistics (cast back to
-fp32 by the backward), the running statistics in eval mode.
+fp32 by the backward), the running statistics in eval mode. The running statistics a training op
+updates keep their version counters, as on the CPU.
+
+Compiled graphs never reach these kernels: tracing runs torch's decompositions (fake kernels, then
+Inductor's table), so :func:`patch_decompositions` wraps those to return the same dtypes and shapes for
+spyre inputs (the fake and the real outputs agree), also when autograd records the op: the backward
+reads the 16-bit statistics as the CPU's does. The casts this adds after the statistics stay in a graph
+that does not read them until dead code is eliminated; the LayerNorm matmul epilogue sees through them
+(``compiler/epilogue_norm.py``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .._torch.device import OpOverload
+from .._torch.device import OpOverload, unversioned_writes, wrap_decompositions
 from .op_call import bound_args, op_info
 
 # op overload name -> whether it has a ``training`` argument
@@ -44,8 +52,13 @@ def _kernel(op: OpOverload, has_training: bool):
     def kernel(*args, **kwargs):
         from . import fallback
 
-        out, mean, rstd = fallback.run(op, *args, **kwargs)
         bound = dict(zip(info.arg_names, bound_args(info, args, kwargs)))
+        # The CPU's kernels update the running statistics without bumping their version counters, and
+        # autograd saves them for the backward before the op runs: the program that writes them back
+        # must not bump them either ("modified by an inplace operation" in the backward otherwise).
+        running = tuple(t for t in (bound.get("running_mean"), bound.get("running_var")) if isinstance(t, torch.Tensor))
+        with unversioned_writes(running):
+            out, mean, rstd = fallback.run(op, *args, **kwargs)
         x = bound["input"]
         dtype = _statistics_dtype(x, [bound.get(n) for n in _PARAMS])
         if has_training and not bound["training"]:
@@ -54,6 +67,43 @@ def _kernel(op: OpOverload, has_training: bool):
 
     kernel.__name__ = f"spyre_{info.name.replace('.', '_')}"
     return kernel
+
+
+# The ops compiled graphs trace (torch.compile, export), whose decompositions give the statistics for
+# devices other than the CPU in fp32 and, in eval mode, the running statistics. Their first three
+# outputs are (out, mean, rstd); the functional batch norm adds the new running statistics.
+_TRACED = (*OPS, "_native_batch_norm_legit_functional", "_native_batch_norm_legit_no_training")
+
+
+def _traced(op: OpOverload, decomposition):
+    """``decomposition`` with the statistics of spyre inputs as the CPU's kernels return them."""
+    info = op_info(op)
+    has_training = "training" in info.arg_names
+    eval_only = "running_mean" in info.arg_names and not has_training  # _native_batch_norm_legit_no_training
+
+    def traced(*args, **kwargs):
+        result = decomposition(*args, **kwargs)
+        bound = dict(zip(info.arg_names, bound_args(info, args, kwargs)))
+        x = bound["input"]
+        if result is NotImplemented or not isinstance(x, torch.Tensor) or x.device.type != "spyre":
+            return result
+        out, mean, rstd, *rest = result
+        dtype = _statistics_dtype(x, [bound.get(n) for n in _PARAMS])
+        if eval_only or (has_training and not bound["training"]):
+            return (out, x.new_empty((0,), dtype=dtype), x.new_empty((0,), dtype=dtype), *rest)
+        return (out, mean.to(dtype), rstd.to(dtype), *rest)
+
+    return traced
+
+
+def patch_decompositions() -> None:
+    """Compiled graphs get the statistics eager spyre ops return (a patch of torch's global state:
+    docs/architecture.md); other devices' inputs keep torch's decompositions unchanged."""
+    ops = []
+    for name in _TRACED:
+        packet, _, overload = name.partition(".")
+        ops.append(getattr(getattr(torch.ops.aten, packet), overload or "default"))
+    wrap_decompositions(ops, _traced)
 
 
 def kernels() -> list[tuple[str, object, str]]:

@@ -61,6 +61,12 @@ class OpInfo:
 
 _infos: dict[OpOverload, OpInfo] = {}
 
+# Arguments the CPU kernels write though their schemas do not say so: ``native_batch_norm`` updates the
+# running statistics in training mode (``_native_batch_norm_legit``, its successor, declares them). Treated
+# as written (the host fallback writes them back); the write keeps their version counters, as on the CPU
+# (``norm_stats.py``).
+_UNDECLARED_WRITES = {"aten::native_batch_norm": ("running_mean", "running_var")}
+
 
 def op_info(op: OpOverload) -> OpInfo:
     info = _infos.get(op)
@@ -87,7 +93,8 @@ def op_info(op: OpOverload) -> OpInfo:
         arg_names=tuple(a.name for a in arguments),
         defaults=tuple(a.default_value if a.has_default_value() else None for a in arguments),
         is_out=tuple(bool(a.is_out) for a in arguments),
-        is_write=tuple(bool(a.alias_info is not None and a.alias_info.is_write) for a in arguments),
+        is_write=tuple(bool(a.alias_info is not None and a.alias_info.is_write)
+                       or a.name in _UNDECLARED_WRITES.get(op.name(), ()) for a in arguments),
         returns=tuple(returns),
         generator=generator,
         is_view=bool(returns) and all(i is not None and not w for i, w in returns),

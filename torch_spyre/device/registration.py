@@ -124,6 +124,7 @@ def register() -> None:
         # in the CPU's dtype and shape (norm_stats.py)
         for name, kernel, key in rnn_cells.kernels() + norm_stats.kernels():
             aten.impl(name, kernel, key)
+        norm_stats.patch_decompositions()  # and traced graphs the same statistics
         aten.impl("_sparse_coo_tensor_with_dims_and_tensors", _refuse_sparse, "SparsePrivateUse1")
         aten.impl("_pin_memory", _forward("_pin_memory"), "CPU")  # pinning for spyre (see kernels.py)
         catch_all = torch.library.Library("_", "IMPL")

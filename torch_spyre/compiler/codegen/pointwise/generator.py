@@ -308,7 +308,7 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
                     ch.run_full = run
                     steps.append(Step("full", p, ch, run))
                 done |= set(run)
-            post = sched.closure(sched.outer_roots(p), "outer", done)
+            post = sched.closure(sched.outer_roots(p), "outer", done - self._views_only(done))
             if post:
                 ch = Chunk(t, p, txo, txs, rzero, tuple(spec.r_sizes))
                 ch.run_outer = post
@@ -321,6 +321,23 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
                                     or dag.values[g].op == "store" and dag.values[dag.values[g].args[0]].extent == "full"]
             self.analyse(s.chunk, outer_only=s.kind == "outer", with_boxes=with_boxes)
         return steps
+
+    def _views_only(self, done: set[int]) -> set[int]:
+        """Outer values among ``done`` that compute nothing: loads, and casts that are only views of them
+        (``_cast_alias``: a 16-bit load read as fp32). An outer step after a reduction reads them again
+        through its own boxes (a box has views only of its step's accesses), so its closure takes them
+        back. Without this, a 16-bit (C,) vector cast before the first pass (e.g. the saved mean in a batch
+        norm backward) had no view in the epilogue's boxes: "load ... has no view in this box"."""
+        out: set[int] = set()
+        for g in sorted(done):
+            v = self.dag.values[g]
+            if v.extent != "outer":
+                continue
+            if v.op == "load" and g not in self.aliases:
+                out.add(g)
+            elif v.op == "to_dtype" and v.args[0] in out and self._cast_alias(v):
+                out.add(g)
+        return out
 
     def _assign_loads(self, steps: list[Step], persistent: bool) -> None:
         """Which step's DMA group loads each access, and its buffer parity (double buffering)."""
