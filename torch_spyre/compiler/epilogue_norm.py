@@ -210,12 +210,18 @@ def _rewrite(graph: torch.fx.Graph, m: Norm) -> None:
         fused.meta["val"] = _val(m.last)
         fused.meta["spyre_epilogue"] = {**x.meta.get("spyre_epilogue", {}), "layer_norm": True}
     m.last.replace_all_uses_with(fused)
-    dead = [n for n in m.nodes if _dead_cast(n)]  # the statistics' unread casts first: they read the norm's nodes
+    erase_matched(graph, [x], m)
+
+
+def erase_matched(graph: torch.fx.Graph, before: list[Any], m: Norm) -> None:
+    """Erase the norm's nodes and then ``before`` (the nodes feeding it that the fused node replaced), each
+    once nobody reads it. The statistics' unread casts go first: they read the norm's own nodes."""
+    dead = [n for n in m.nodes if _dead_cast(n)]
     for node in dead:
         graph.erase_node(node)
-    for node in reversed([x, *(n for n in m.nodes if n not in dead)]):
+    for node in reversed([*before, *(n for n in m.nodes if n not in dead)]):
         if not node.users:
             graph.erase_node(node)
 
 
-__all__ = ["Norm", "fuse_layer_norms", "match"]
+__all__ = ["Norm", "erase_matched", "fuse_layer_norms", "match"]

@@ -142,9 +142,7 @@ def _rewrite(graph: torch.fx.Graph, mlp: Any, add: Any, residual: Any, norm: epi
         fused.meta["val"] = _val(norm.last)
         fused.meta["spyre_fused_mlp"] = {**mlp.meta.get("spyre_fused_mlp", {}), "layer_norm": True}
     norm.last.replace_all_uses_with(fused)
-    for node in reversed([mlp, add, *norm.nodes]):
-        if not node.users:
-            graph.erase_node(node)
+    epilogue_norm.erase_matched(graph, [mlp, add], norm)
 
 
 __all__ = ["fuse_mlp_norms", "match"]
