@@ -426,6 +426,9 @@ def run(op: OpOverload, info: Any, args: tuple, kwargs: dict, card: int) -> tupl
         if any(t.numel() == 0 for t in _written(info, bound)):
             raise HostOp("a tensor of no elements")
         key = signature(op, args, kwargs, card)
+    outs = _run_with_weight_parts(op, info, bound, card)
+    if outs is not None:
+        return _results(info, bound, outs), ""
     with _lock:
         entry = _cache.get(key)
     if entry is not None and entry.compiled is None:
@@ -469,6 +472,97 @@ def _operands_in_walkable_views(info: Any, args: tuple, kwargs: dict) -> tuple[t
     args = tuple(fix(i, v) for i, v in enumerate(args))
     kwargs = {k: fix(names.index(k) if k in names else -1, v) for k, v in kwargs.items()}
     return args, kwargs
+
+
+# ---------------------------------------------------------------------------------------------
+# fp32 matmuls on a weight's cached DLFloat16 parts (weight_parts.py)
+# ---------------------------------------------------------------------------------------------
+_PARTS_OPERANDS = {"addmm": (1, 2), "mm": (0, 1)}  # positions of A and B in the schema
+
+
+def _run_with_weight_parts(op: OpOverload, info: Any, bound: list[Any], card: int) -> list[torch.Tensor] | None:
+    """An fp32 ``addmm``/``mm`` whose B has a version counter (a weight, not an inference activation) runs
+    on B's parts split once (``weight_parts.py``): the matmul's program then splits only A. None when it
+    does not apply or a program cannot be made (the op then goes the ordinary way, which writes nothing
+    before it succeeds either)."""
+    from . import weight_parts
+
+    positions = _PARTS_OPERANDS.get(info.name.split(".")[0])
+    if positions is None:
+        return None
+    a, b = bound[positions[0]], bound[positions[1]]
+    if not (weight_parts.cacheable(b) and isinstance(a, torch.Tensor) and a.dtype == torch.float32
+            and a.device.type == "spyre" and b.dim() == 2 and b.shape[-1] != 1 and weight_parts.cache_size()):
+        return None
+    if any(_storage_key(t) == _storage_key(b) for t in _written(info, bound)):
+        return None  # the op writes its weight: nothing to reuse
+    if positions == (1, 2) and not (isinstance(bound[0], torch.Tensor) and bound[0].device.type == "spyre"):
+        return None  # a CPU scalar bias: the ordinary program takes it as a constant
+    parts_key = weight_parts.key_of(b, card, (id(_card_config(card)), generation_key()))
+    parts = weight_parts.lookup(b, parts_key)
+    if parts is None:
+        version = b._version
+        parts_op = weight_parts.parts_op()
+        outs = _run_program(("weight_parts", signature(parts_op, (b,), {}, card)), lambda w: (parts_op(w),), [b])
+        if outs is None:
+            return None
+        parts = outs[0]
+        weight_parts.store(b, parts_key, parts, version)
+    matmul = weight_parts.matmul_op()
+    if positions == (1, 2):  # addmm(bias, a, b, beta, alpha[, out])
+        bias, beta, alpha = bound[0], bound[3], bound[4]
+    else:  # mm(a, b[, out])
+        bias, beta, alpha = None, 1, 1
+    out = bound[-1] if any(info.is_out) else None
+    args = [a, parts] + ([bias] if bias is not None else []) + ([out] if out is not None else [])
+
+    def fn(*ts):
+        result = matmul(ts[0], ts[1], ts[2] if bias is not None else None, float(beta), float(alpha))
+        if out is None:
+            return (result,)
+        ts[-1].copy_(result)
+        return ()
+
+    key = ("weight_parts_matmul", signature(matmul, tuple(args), {"beta": float(beta), "alpha": float(alpha)}, card))
+    return _run_program(key, fn, args)
+
+
+def _card_config(card: int) -> Any:
+    from ..device import cards
+
+    return cards.card(card).config
+
+
+def _run_program(key: tuple, fn: Callable[..., tuple], tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
+    """Run ``fn`` on ``tensors`` as a program compiled once per ``key`` (kept in the eager cache); None if it
+    cannot be compiled or run (remembered)."""
+    with _lock:
+        entry = _cache.get(key)
+    if entry is not None and entry.compiled is None:
+        return None
+    with _Nested():
+        if entry is None:
+            try:
+                with torch.no_grad(), _Compiling(), _compile_lock:
+                    entry = Entry(compile_one_op(fn, tensors))
+            except NoDataError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the op's ordinary program is the fallback
+                entry = Entry(None, f"{type(e).__name__}: {_first_line(e)}")
+            with _lock:
+                _cache.put(key, entry)
+                _cache.compiles += entry.compiled is not None
+                _cache.failures += entry.compiled is None
+            if entry.compiled is None:
+                return None
+        try:
+            return _call(entry.compiled, tensors)
+        except NoDataError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            with _lock:
+                _cache.put(key, Entry(None, f"{type(e).__name__}: {_first_line(e)}"))
+            return None
 
 
 def _spyre_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:

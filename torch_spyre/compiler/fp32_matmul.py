@@ -66,18 +66,46 @@ def k_concatenated(a, b, passes: tuple[tuple[int, int], ...]) -> tuple:
     passes go smallest first along K so that the small products are summed before the large ones. A K
     that is not a whole number of 16-bit sticks (64 elements) is padded with zeros to one in each pass,
     so that every part starts on a stick (the concatenation moves whole sticks) and the padding adds
-    only 0 * 0 products; the PE arrays work on K in whole sticks anyway (``codegen/matmul``)."""
-    count = 1 + max(max(p) for p in passes)
-    a_parts, b_parts = dlfloat16_parts(a, count), dlfloat16_parts(b, count)
+    only 0 * 0 products; the PE arrays work on K in whole sticks anyway (``codegen/matmul``). Each side
+    is also available alone (:func:`a_concatenated`, :func:`b_concatenated`): an eager matmul reuses a
+    weight's B side across calls (``weight_parts.py``)."""
+    return a_concatenated(a, passes), b_concatenated(b, passes)
+
+
+def _part_count(passes: tuple[tuple[int, int], ...]) -> int:
+    return 1 + max(max(p) for p in passes)
+
+
+def _k_pad(k) -> int:
+    return int(-k % STICK_ELEMENTS) if isinstance(k, int) or getattr(k, "is_number", False) else 0
+
+
+def a_concatenated(a, passes: tuple[tuple[int, int], ...]):
+    """:func:`k_concatenated`'s ``a2``: A's parts side by side along K in the passes' order."""
+    parts = dlfloat16_parts(a, _part_count(passes))
     if len(passes) == 1:
-        (i, j), = passes
-        return a_parts[i], b_parts[j]
-    k = a.get_size()[-1]
-    pad = -k % STICK_ELEMENTS if isinstance(k, int) or getattr(k, "is_number", False) else 0
+        return parts[passes[0][0]]
+    pad = _k_pad(a.get_size()[-1])
     if pad:
         pad_nd = torch_inductor.lowering_for(torch.ops.aten.constant_pad_nd.default)
-        a_parts = [pad_nd(x, [0, int(pad)], 0.0) for x in a_parts]
-        b_parts = [pad_nd(x, [0, 0, 0, int(pad)], 0.0) for x in b_parts]
+        parts = [pad_nd(x, [0, pad], 0.0) for x in parts]
     cat = torch_inductor.lowering_for(torch.ops.aten.cat.default)
-    order = list(reversed(passes))
-    return cat([a_parts[i] for i, _ in order], -1), cat([b_parts[j] for _, j in order], -2)
+    return cat([parts[i] for i, _ in reversed(passes)], -1)
+
+
+def b_concatenated(b, passes: tuple[tuple[int, int], ...]):
+    """:func:`k_concatenated`'s ``b2``: B's parts stacked along K in the passes' order."""
+    parts = dlfloat16_parts(b, _part_count(passes))
+    if len(passes) == 1:
+        return parts[passes[0][1]]
+    pad = _k_pad(b.get_size()[-2])
+    if pad:
+        pad_nd = torch_inductor.lowering_for(torch.ops.aten.constant_pad_nd.default)
+        parts = [pad_nd(x, [0, 0, 0, pad], 0.0) for x in parts]
+    cat = torch_inductor.lowering_for(torch.ops.aten.cat.default)
+    return cat([parts[j] for _, j in reversed(passes)], -2)
+
+
+def b_parts_rows(k: int, passes: tuple[tuple[int, int], ...]) -> int:
+    """The K of :func:`b_concatenated`'s result for an operand of K rows."""
+    return k if len(passes) == 1 else len(passes) * (k + -k % STICK_ELEMENTS)

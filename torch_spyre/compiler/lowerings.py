@@ -128,6 +128,30 @@ def _fp32_note(passes) -> dict:
                     f"along K (float32_matmul_precision={fp32_matmul.precision()!r}); fp32 accumulation and output"}
 
 
+def _lower_fp32_b_parts(b):
+    """``spyre::fp32_b_parts`` (``weight_parts.py``) -> the pointwise kernel(s) writing fp32 ``b``'s 16-bit
+    parts stacked along K, as an fp32 matmul's own split writes them."""
+    from . import fp32_matmul
+
+    passes = fp32_matmul.passes()
+    if len(passes) == 1:  # the one part, as the graph's output
+        return torch_inductor.to_dtype(b, torch.float16)
+    return fp32_matmul.b_concatenated(b, passes)
+
+
+def _lower_fp32_mm_b_parts(a, b_parts, bias, beta, alpha):
+    """``spyre::fp32_mm_b_parts`` (``weight_parts.py``) -> the fp32 ``addmm``/``mm`` lowering with B's parts
+    given: only A is split here; the matmul kernel is the one ``addmm``/``mm`` gets."""
+    from . import fp32_matmul
+
+    passes = fp32_matmul.passes()
+    a2 = fp32_matmul.a_concatenated(a, passes)
+    kind = "addmm" if bias is not None else "mm"
+    roles = (["bias"] if bias is not None else []) + ["a", "b"]
+    inputs = [_matmul_operand(torch_inductor.realize_input(x)) for x in ([bias] if bias is not None else []) + [a2, b_parts]]
+    return _matmul_extern(kind, roles, inputs, alpha, beta, torch.float32, _fp32_note(passes))
+
+
 def _lower_matmul_epilogue(a, b, bias, residual, activation, alpha, beta, norm_weight=None, norm_bias=None,
                            norm_eps=None, note: str | None = None):
     """``spyre::matmul_epilogue`` (``epilogue.py``'s rewrite of a matmul and the bias, activation and
@@ -695,9 +719,11 @@ def register_lowerings() -> None:
         torch_inductor.register_lowering(aten.copy_.default, _spyre_lowering(copy_original, _lower_copy_(copy_original),
                                                                               "copy_"))
     _register_sdpa_lowering()
-    from . import embedding_group, epilogue, fused_mlp, matmul_group
+    from . import embedding_group, epilogue, fused_mlp, matmul_group, weight_parts
 
     torch_inductor.register_lowering(epilogue.op(), _lower_matmul_epilogue)
     torch_inductor.register_lowering(fused_mlp.op(), _lower_fused_mlp)
     torch_inductor.register_lowering(embedding_group.op(), _lower_embedding_group)
     torch_inductor.register_lowering(matmul_group.op(), _lower_matmul_group)
+    torch_inductor.register_lowering(weight_parts.parts_op(), _lower_fp32_b_parts)
+    torch_inductor.register_lowering(weight_parts.matmul_op(), _lower_fp32_mm_b_parts)

@@ -1,0 +1,166 @@
+"""An eager fp32 matmul splits its weight into DLFloat16 parts once (compiler/weight_parts.py): later calls
+reuse the parts (one launch fewer), give the same bits as a split at every call, see in-place writes to
+the weight, free the parts with the weight, and keep each matmul precision's parts apart."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import torch_spyre  # noqa: F401
+from torch_spyre.compiler import eager, weight_parts
+from torch_spyre.runtime import launch as runtime_launch
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    monkeypatch.setenv("TORCH_SPYRE_EAGER", "compile")
+    monkeypatch.delenv(weight_parts.ENV, raising=False)
+    before = torch.get_float32_matmul_precision()
+    weight_parts.clear()
+    yield
+    torch.set_float32_matmul_precision(before)
+    weight_parts.clear()
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The names of the programs launched, in order."""
+    names: list[str] = []
+    original = runtime_launch.launch
+
+    def counted(prepared, bindings, stream=None):
+        names.append(prepared.name)
+        return original(prepared, bindings, stream)
+
+    monkeypatch.setattr(runtime_launch, "launch", counted)
+    return names
+
+
+def _linear(n_in=96, n_out=40, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Linear(n_in, n_out)
+
+
+def _x(m=24, k=96, seed=1):
+    return torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
+
+
+def _uncached(monkeypatch, fn):
+    """``fn()``'s result with the parts cache off (the weight split in every call)."""
+    monkeypatch.setenv(weight_parts.ENV, "0")
+    try:
+        return fn()
+    finally:
+        monkeypatch.delenv(weight_parts.ENV)
+
+
+@pytest.mark.parametrize("k", [128, 96])  # 96: each part padded to whole sticks
+def test_second_call_reuses_the_parts_without_the_split_kernels_and_the_same_bits(launches, monkeypatch, k):
+    lin, x = _linear(k), _x(k=k)
+    dlin, dx = _linear(k).to("spyre"), x.to("spyre")
+    with torch.no_grad():
+        first = dlin(dx).cpu()
+        split = [n for n in launches if "fp32_b_parts" in n]
+        launches.clear()
+        second = dlin(dx).cpu()
+        n_second = len(launches)
+        assert not any("fp32_b_parts" in n for n in launches)
+        launches.clear()
+        uncached = _uncached(monkeypatch, lambda: dlin(dx).cpu())
+        n_uncached = len(launches)
+    assert split and n_second < n_uncached, (split, n_second, n_uncached)
+    if k % 64 == 0:  # the uncached program's split of B is one kernel, the one the cache saves
+        assert split == ["spyre_fused_fp32_b_parts_0"] and n_second == n_uncached - 1
+    stats = weight_parts.stats()
+    assert stats["hits"] == 1 and stats["misses"] == 1 and stats["entries"] == 1
+    assert torch.equal(first, second) and torch.equal(first, uncached)
+    torch.testing.assert_close(second, lin(x).detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_inference_mode_linear_caches_the_weight_not_the_activation():
+    dlin = _linear().to("spyre")
+    with torch.inference_mode():
+        x = _x().to("spyre")
+        dlin(x)
+        dlin(x)
+        torch.mm(x, x.t().contiguous())  # B an inference tensor: split every call, never kept
+    stats = weight_parts.stats()
+    assert stats["entries"] == 1 and stats["hits"] == 1
+
+
+def test_an_in_place_write_to_the_weight_gives_the_new_result(monkeypatch):
+    lin, x = _linear(), _x()
+    dlin, dx = _linear().to("spyre"), x.to("spyre")
+    with torch.no_grad():
+        before = dlin(dx).cpu()
+        dlin.weight.add_(1)
+        lin.weight.add_(1)
+        after = dlin(dx).cpu()
+        uncached = _uncached(monkeypatch, lambda: dlin(dx).cpu())
+        expected = lin(x)
+    assert weight_parts.stats()["invalidations"] == 1
+    assert not torch.equal(before, after)
+    assert torch.equal(after, uncached)
+    torch.testing.assert_close(after, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_a_freed_weight_frees_its_parts():
+    x = _x().to("spyre")
+    gc.collect()
+    baseline = torch.spyre.memory_allocated()
+    w = torch.randn(40, 96).to("spyre")
+    with torch.no_grad():
+        y = torch.nn.functional.linear(x, w)
+    del y
+    assert weight_parts.stats()["bytes"] > 0
+    assert torch.spyre.memory_allocated() > baseline + w.numel() * 4
+    del w
+    gc.collect()
+    stats = weight_parts.stats()
+    assert stats["released"] == 1 and stats["entries"] == 0 and stats["bytes"] == 0
+    assert torch.spyre.memory_allocated() == baseline
+
+
+def test_lru_bound_evicts_and_frees(monkeypatch):
+    monkeypatch.setenv(weight_parts.ENV, "1")
+    x = _x().to("spyre")
+    a, b = _linear(seed=2).to("spyre"), _linear(seed=3).to("spyre")
+    with torch.no_grad():
+        a(x), b(x)
+    stats = weight_parts.stats()
+    assert stats["entries"] == 1 and stats["evictions"] == 1
+
+
+def test_precisions_keep_their_own_parts(monkeypatch):
+    x, dlin = _x().to("spyre"), _linear().to("spyre")
+    results = {}
+    with torch.no_grad():
+        for precision in ("highest", "high", "highest", "high"):
+            torch.set_float32_matmul_precision(precision)
+            y = dlin(x).cpu()
+            assert torch.equal(y, _uncached(monkeypatch, lambda: dlin(x).cpu()))
+            results.setdefault(precision, []).append(y)
+    assert torch.equal(*results["highest"]) and torch.equal(*results["high"])
+    assert not torch.equal(results["highest"][0], results["high"][0])
+    stats = weight_parts.stats()
+    assert stats["entries"] == 2 and stats["misses"] == 2 and stats["hits"] == 2
+
+
+def test_mm_and_addmm_with_scalars_match_the_uncached_bits(monkeypatch):
+    a, b, c = _x(16, 72), torch.randn(72, 24), torch.randn(24)
+    da, db, dc = a.to("spyre"), b.to("spyre"), c.to("spyre")
+    for fn in (lambda: torch.mm(da, db).cpu(), lambda: torch.addmm(dc, da, db, beta=0.5, alpha=2.0).cpu()):
+        first, second = fn(), fn()
+        assert torch.equal(first, second) and torch.equal(first, _uncached(monkeypatch, fn))
+    torch.testing.assert_close(torch.addmm(dc, da, db, beta=0.5, alpha=2.0).cpu(),
+                               torch.addmm(c, a, b, beta=0.5, alpha=2.0), rtol=1e-5, atol=1e-5)
+    assert weight_parts.stats()["hits"] >= 2
+
+
+def test_bad_cache_size_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(weight_parts.ENV, "many")
+    with pytest.raises(ValueError, match="TORCH_SPYRE_WEIGHT_PARTS_CACHE"):
+        weight_parts.cache_size()

@@ -1,0 +1,208 @@
+"""An eager fp32 matmul's weight, split into its DLFloat16 parts once and reused across calls.
+
+At every fp32 matmul precision the PE arrays multiply 16-bit parts of the operands (``fp32_matmul.py``):
+an eager ``nn.Linear`` (``aten.addmm.out(bias, x, w.t(), out=)``) split ``w`` into its parts in a
+pointwise kernel at every call, though ``w`` had not changed. The eager path (``eager.py``) now splits
+the B operand of an fp32 ``addmm``/``mm`` once, into a device tensor of its K-concatenated parts
+(:func:`parts_op`, the program of ``fp32_matmul.b_concatenated``), keeps it here, and runs the matmul on
+those parts (:func:`matmul_op`: only A is split in the call). The parts are exactly what the call's own
+split kernel wrote, so the results are bit for bit the same.
+
+A cached entry is keyed on where B lies (its storage, offset, shape, strides, dtype), the matmul precision,
+the card and what else a program depends on (``kernel_runtime.generation_key``), and it holds B's version
+counter value: an in-place write to the weight or to any view of it (``w.add_(1)``, ``copy_`` of a
+``load_state_dict``) bumps the counter, and the next call splits again. Only tensors with a version counter
+are cached: inference tensors (activations under ``torch.inference_mode``) have none. Writes that bypass the
+counter (through ``w.data``, or through another tensor made on the same storage with ``set_``) are not
+seen; that is PyTorch's own contract for version counters. The cache is an LRU of
+``TORCH_SPYRE_WEIGHT_PARTS_CACHE`` entries (default 256; 0 turns it off); an entry's device memory is freed
+when it is evicted or replaced, or when B's storage dies (a finalizer on the storage). Memory: the parts
+of "highest" take 12 bytes per weight element (six 16-bit parts along K), three times the fp32 weight.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import fp32_matmul
+
+ENV = "TORCH_SPYRE_WEIGHT_PARTS_CACHE"
+DEFAULT_SIZE = 256
+PARTS_OP = "fp32_b_parts"
+MATMUL_OP = "fp32_mm_b_parts"
+
+
+# ---------------------------------------------------------------------------------------------
+# The two ops the eager path compiles
+# ---------------------------------------------------------------------------------------------
+def _parts_eager(b: torch.Tensor) -> torch.Tensor:
+    passes = fp32_matmul.passes()
+    count = 1 + max(max(p) for p in passes)
+    parts, rest = [], b
+    for i in range(count):
+        parts.append(rest.to(torch.float16))
+        rest = rest - parts[-1].float()
+    if len(passes) == 1:
+        return parts[passes[0][1]]
+    pad = -b.shape[-2] % fp32_matmul.STICK_ELEMENTS
+    parts = [torch.nn.functional.pad(p, [0, 0, 0, pad]) for p in parts]
+    return torch.cat([parts[j] for _, j in reversed(passes)], -2)
+
+
+def _parts_meta(b: torch.Tensor) -> torch.Tensor:
+    rows = fp32_matmul.b_parts_rows(b.shape[-2], fp32_matmul.passes())
+    return b.new_empty((rows, b.shape[-1]), dtype=torch.float16)
+
+
+def _matmul_eager(a, b_parts, bias, beta: float, alpha: float) -> torch.Tensor:
+    passes = fp32_matmul.passes()
+    count = 1 + max(max(p) for p in passes)
+    parts, rest = [], a
+    for i in range(count):
+        parts.append(rest.to(torch.float16))
+        rest = rest - parts[-1].float()
+    if len(passes) == 1:
+        a2 = parts[passes[0][0]]
+    else:
+        pad = -a.shape[-1] % fp32_matmul.STICK_ELEMENTS
+        a2 = torch.cat([torch.nn.functional.pad(parts[i], [0, pad]) for i, _ in reversed(passes)], -1)
+    product = alpha * (a2.float() @ b_parts.float())
+    return product if bias is None else product + beta * bias
+
+
+def _matmul_meta(a, b_parts, bias, beta: float, alpha: float) -> torch.Tensor:
+    return a.new_empty((a.shape[0], b_parts.shape[-1]))
+
+
+def parts_op() -> Any:
+    """``spyre::fp32_b_parts(b)``: fp32 ``b`` ``[K, N]`` as its DLFloat16 parts stacked along K at the current
+    matmul precision (``fp32_matmul.b_concatenated``), 16-bit ``[fp32_matmul.b_parts_rows(K), N]``."""
+    from .epilogue import define_device_op
+
+    return define_device_op(PARTS_OP, "(Tensor b) -> Tensor", _parts_eager, _parts_meta)
+
+
+def matmul_op() -> Any:
+    """``spyre::fp32_mm_b_parts(a, b_parts, bias, beta, alpha)``: ``beta * bias + alpha * a @ b`` for fp32 ``a``
+    ``[M, K]`` and ``b`` given as :func:`parts_op`'s result; one matmul kernel, as ``addmm``/``mm`` is."""
+    from .epilogue import define_device_op
+
+    return define_device_op(MATMUL_OP, "(Tensor a, Tensor b_parts, Tensor? bias, float beta, float alpha) -> Tensor",
+                            _matmul_eager, _matmul_meta)
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache
+# ---------------------------------------------------------------------------------------------
+def cache_size() -> int:
+    value = os.environ.get(ENV, "").strip()
+    if not value:
+        return DEFAULT_SIZE
+    try:
+        size = int(value)
+    except ValueError:
+        raise ValueError(f"{ENV}={value!r} is not a number of entries") from None
+    if size < 0:
+        raise ValueError(f"{ENV}={value!r} is negative")
+    return size
+
+
+def cacheable(b: Any) -> bool:
+    """True for a spyre fp32 tensor with a version counter (not an inference tensor)."""
+    return (isinstance(b, torch.Tensor) and b.device.type == "spyre" and b.dtype == torch.float32
+            and not b.is_inference())
+
+
+@dataclass
+class _Entry:
+    version: int
+    parts: torch.Tensor
+    storage: weakref.ref
+    token: int
+
+
+class _Cache:
+    def __init__(self):
+        self.entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self.hits = self.misses = self.evictions = self.invalidations = self.released = 0
+
+
+_lock = threading.RLock()
+_tokens = itertools.count()
+_cache = _Cache()
+
+
+def key_of(b: torch.Tensor, card: int, context: tuple) -> tuple:
+    """Where ``b`` lies, and what the parts depend on besides its values (``context``: precision, program
+    generation)."""
+    storage = b.untyped_storage()
+    return (storage.data_ptr(), b.storage_offset(), tuple(b.shape), b.stride(), b.dtype, card,
+            fp32_matmul.precision(), context)
+
+
+def lookup(b: torch.Tensor, key: tuple) -> torch.Tensor | None:
+    """``b``'s cached parts if they were split from its current version and storage."""
+    with _lock:
+        entry = _cache.entries.get(key)
+        if entry is None:
+            _cache.misses += 1
+            return None
+        if entry.version != b._version or entry.storage() is not b.untyped_storage():
+            del _cache.entries[key]  # written since (or a new storage at the same address): split again
+            _cache.invalidations += 1
+            _cache.misses += 1
+            return None
+        _cache.entries.move_to_end(key)
+        _cache.hits += 1
+        return entry.parts
+
+
+def store(b: torch.Tensor, key: tuple, parts: torch.Tensor, version: int) -> None:
+    """Keep ``parts`` as ``b``'s at ``version``; dropped when ``b``'s storage dies or the LRU evicts it."""
+    size = cache_size()
+    if size == 0:
+        return
+    storage = b.untyped_storage()
+    token = next(_tokens)
+    with _lock:
+        _cache.entries[key] = _Entry(version, parts, weakref.ref(storage), token)
+        _cache.entries.move_to_end(key)
+        while len(_cache.entries) > size:
+            _cache.entries.popitem(last=False)
+            _cache.evictions += 1
+    weakref.finalize(storage, _release, key, token)
+
+
+def _release(key: tuple, token: int) -> None:
+    """B's storage died: drop its parts (unless the entry now holds other parts, of a newer storage)."""
+    with _lock:
+        entry = _cache.entries.get(key)
+        if entry is not None and entry.token == token:
+            del _cache.entries[key]
+            _cache.released += 1
+
+
+def stats() -> dict[str, int]:
+    """``hits``, ``misses`` (splits run), ``invalidations`` (entries dropped because the weight was written),
+    ``evictions`` (LRU), ``released`` (weights that died), ``entries``, ``bytes`` (device bytes of the parts
+    held), ``size`` (the LRU bound)."""
+    with _lock:
+        return {"hits": _cache.hits, "misses": _cache.misses, "invalidations": _cache.invalidations,
+                "evictions": _cache.evictions, "released": _cache.released, "entries": len(_cache.entries),
+                "bytes": sum(e.parts.numel() * e.parts.element_size() for e in _cache.entries.values()),
+                "size": cache_size()}
+
+
+def clear() -> None:
+    """Drop every cached entry (their device memory is freed) and zero the counters."""
+    global _cache
+    with _lock:
+        _cache = _Cache()
