@@ -43,7 +43,7 @@ def test_shrunk_config_and_inputs():
 
 
 @pytest.mark.parametrize("model_type", ["gptj", "deepseek_v3", "deepseek_v2", "gemma3n_text", "bamba", "esmc",
-                                        "gpt_neo", "bros", "dots1"])
+                                        "gpt_neo", "bros", "dots1", "nemotron"])
 def test_shrunk_configs_stay_consistent(model_type):
     """Each of these failed to build or to run on the CPU when only the size fields were shrunk (docs/coverage.md,
     "Per-family shrinking"); build() runs the CPU forward."""

@@ -122,6 +122,8 @@ def _heads(values: dict, out: dict) -> None:
     for kv in _KV_KEYS:  # multi-head attention stays multi-head (some configs insist: ESMC)
         if _int(values.get(kv)) and values[kv] == heads:
             out[kv] = new_heads
+        elif kv in values and values[kv] is None:  # Nemotron's config leaves it None and its attention divides by it
+            out[kv] = new_heads
     if not _int(hidden):
         return
     new_hidden = next((out[k] for k in _HIDDEN_KEYS if k in out), hidden)
