@@ -58,6 +58,8 @@ def test_shrinking_derives_dims_from_the_new_sizes():
     v3 = catalog.build("deepseek_v3").model.config
     assert (v3.qk_rope_head_dim, v3.qk_nope_head_dim, v3.v_head_dim, v3.n_group, v3.topk_group) == (8, 8, 16, 2, 1)
     assert catalog.build("esmc").model.config.num_key_value_heads == 4  # multi-head attention stays so
+    nh = catalog.build("nemotron_h").model.config  # its Mamba-2 mixer was 128 x 64 wide: out of memory
+    assert (nh.mamba_num_heads, nh.mamba_head_dim, nh.n_groups, nh.ssm_state_size, nh.chunk_size) == (4, 32, 2, 16, 4)
     assert catalog.build("llama").model.config.num_key_value_heads == 4  # Llama 2 7B: multi-head (32 of 32)
     assert catalog.build("mistral").model.config.num_key_value_heads == 2  # grouped-query (8 of 32) stays so
     assert set(catalog.build("gemma3n_text").model.config.layer_types) == {"sliding_attention", "full_attention"}
