@@ -43,7 +43,7 @@ def test_shrunk_config_and_inputs():
 
 
 @pytest.mark.parametrize("model_type", ["gptj", "deepseek_v3", "deepseek_v2", "gemma3n_text", "bamba", "esmc",
-                                        "gpt_neo", "bros", "dots1"])
+                                        "gpt_neo", "bros", "dots1", "nemotron"])
 def test_shrunk_configs_stay_consistent(model_type):
     """Each of these failed to build or to run on the CPU when only the size fields were shrunk (docs/coverage.md,
     "Per-family shrinking"); build() runs the CPU forward."""
@@ -58,6 +58,8 @@ def test_shrinking_derives_dims_from_the_new_sizes():
     v3 = catalog.build("deepseek_v3").model.config
     assert (v3.qk_rope_head_dim, v3.qk_nope_head_dim, v3.v_head_dim, v3.n_group, v3.topk_group) == (8, 8, 16, 2, 1)
     assert catalog.build("esmc").model.config.num_key_value_heads == 4  # multi-head attention stays so
+    nh = catalog.build("nemotron_h").model.config  # its Mamba-2 mixer was 128 x 64 wide: out of memory
+    assert (nh.mamba_num_heads, nh.mamba_head_dim, nh.n_groups, nh.ssm_state_size, nh.chunk_size) == (4, 32, 2, 16, 4)
     assert catalog.build("llama").model.config.num_key_value_heads == 4  # Llama 2 7B: multi-head (32 of 32)
     assert catalog.build("mistral").model.config.num_key_value_heads == 2  # grouped-query (8 of 32) stays so
     assert set(catalog.build("gemma3n_text").model.config.layer_types) == {"sliding_attention", "full_attention"}
@@ -172,6 +174,77 @@ def test_numerics_are_judged_by_cosine():
     assert close["status"] == "pass" and close["cosine"] > 0.999 and close["greedy_match"] is True
     far = check._judge(built, ref, {"logits": ref + torch.randn_like(ref)})
     assert far["status"] == "fail" and far["failure"]["class"] == "numerics" and "cosine" in far["failure"]["detail"]
+
+
+def test_a_zero_reference_is_degenerate_not_a_pass_nor_a_numerics_failure():
+    built = catalog.Built("x", torch.nn.Identity(), {}, "encoder", "vision")
+    zero = torch.zeros(1, 4, 2, 2)
+    judged = check._judge(built, zero, {"last_hidden_state": zero.clone()})
+    assert judged["status"] == "degenerate" and judged["failure"] is None and "all zeros" in judged["reason"]
+    assert check.model_status([judged, judged]) == "degenerate_reference"
+    assert check.model_status([judged, {"status": "pass"}]) == "degenerate_reference"  # never a pass
+    assert check.model_status([judged, {"status": "fail"}]) == "fail"  # a mode that fails still fails
+    wrong = check._judge(built, zero, {"last_hidden_state": zero + 0.5})  # the card is not zero: that is wrong
+    assert wrong["status"] == "fail" and wrong["failure"]["class"] == "numerics"
+
+
+def test_a_near_zero_reference_is_compared_by_its_cosine():
+    """cosine_similarity's eps (1e-8) scored two equal outputs of norm ~1e-10 as cosine 0 (six vision models)."""
+    built = catalog.Built("x", torch.nn.Identity(), {}, "encoder", "vision")
+    ref = 1e-10 * torch.randn(1, 64, 2, 2)
+    close = check._judge(built, ref, {"last_hidden_state": ref * (1 + 1e-5 * torch.randn_like(ref))})
+    assert close["status"] == "pass" and close["cosine"] > 0.999999
+    far = check._judge(built, ref, {"last_hidden_state": 1e-10 * torch.randn_like(ref)})
+    assert far["status"] == "fail" and far["failure"]["class"] == "numerics" and abs(far["cosine"]) < 0.5
+
+
+def test_an_all_zero_output_against_a_nonzero_reference_fails():
+    built = catalog.Built("x", torch.nn.Identity(), {}, "encoder", "vision")
+    ref = torch.randn(1, 8, 4)
+    judged = check._judge(built, ref, {"last_hidden_state": torch.zeros_like(ref)})
+    assert judged["status"] == "fail" and judged["cosine"] == 0.0 and judged["failure"]["class"] == "numerics"
+
+
+def test_a_degenerate_reference_is_listed_and_not_counted():
+    records = _fake_records("a") + [{"model_type": "z", "family": "encoder", "modality": "vision",
+                                     "status": "degenerate_reference", "reason": "the CPU's output is all zeros",
+                                     "eager": {"status": "degenerate"}, "compiled": {"status": "degenerate"}}]
+    assert report.counted(records) == records[:1] and report.rate(records, "eager") == (1, 1)
+    md = report.markdown(records)
+    assert "## Degenerate reference (not counted)" in md and "| z | the CPU's output is all zeros |" in md
+    assert "| **all** | 1 | 1/1 (100.0%) | 1/1 (100.0%) |" in md
+    failed = {**records[1], "status": "fail", "eager": {"status": "fail", "failure": {"class": "crash", "detail": "",
+                                                                                       "op": None}}}
+    assert report.rate([failed], "eager") == (0, 1) and report.rate([failed], "compiled") == (0, 0)
+
+
+def test_batch_norms_are_calibrated_so_a_shrunken_convnet_has_an_output():
+    """With mean 0 / variance 1 statistics and std-0.02 weights MobileNet's output was ~1e-28 on the CPU."""
+    built = catalog.build("mobilenet_v1")
+    assert built.batch_norms_calibrated > 20
+    ref = catalog.reference(built)
+    assert 0.1 < float(ref.abs().max()) <= 6.0  # ReLU6 of unit-scale activations
+    calib = catalog.calibration_inputs(built.inputs)["pixel_values"]
+    assert calib.shape[0] == catalog.CALIBRATION_BATCH and not torch.equal(calib[:1], built.inputs["pixel_values"])
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Conv2d(8, 8, 3),
+                              torch.nn.BatchNorm2d(8)).eval()
+    torch.nn.init.normal_(net[0].weight, std=0.02)
+    torch.nn.init.normal_(net[2].weight, std=0.02)
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            return self.net(x)
+
+    x = torch.randn(4, 3, 10, 10)
+    assert catalog.calibrate_batch_norms(Wrapped(), {"x": x}) == 2
+    with torch.no_grad():
+        y = net(x)
+    assert torch.allclose(y.mean((0, 2, 3)), torch.zeros(8), atol=1e-4)  # each channel normalised
+    assert torch.allclose(y.var((0, 2, 3), unbiased=False), torch.ones(8), atol=1e-2)
 
 
 def test_model_timeout_is_a_classified_failure():

@@ -36,6 +36,7 @@ class Built:
     output: str = "last_hidden_state"  # what is compared: "logits" or "last_hidden_state"
     class_name: str = ""
     config_changes: dict[str, Any] = field(default_factory=dict)
+    batch_norms_calibrated: int = 0  # batch norms whose running statistics ``calibrate_batch_norms`` set
 
 
 def _mappings():
@@ -273,6 +274,7 @@ def _build(model_type: str, seed: int, media: bool) -> Built:
     for inputs in _inputs(model, cfg, family):
         built = Built(model_type, model, inputs, family, modality, output, cls.__name__, changes)
         try:
+            built.batch_norms_calibrated = calibrate_batch_norms(model, calibration_inputs(inputs))
             reference(built)
             return built
         except Exception as e:  # noqa: BLE001 - try the next candidate; report the first (most likely) error
@@ -282,6 +284,63 @@ def _build(model_type: str, seed: int, media: bool) -> Built:
                 raise
             first_error = first_error or e
     raise NotBuildable(f"CPU forward fails: {type(first_error).__name__}: {_first_line(first_error)}") from None
+
+
+CALIBRATION_SEED = 1
+CALIBRATION_BATCH = 8  # samples per input sample: a norm after global pooling sees one value per sample
+
+
+def calibration_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Inputs like ``inputs`` but not them, ``CALIBRATION_BATCH`` times the batch: each floating tensor redrawn
+    (another seed) with its mean and std; token ids and masks repeated."""
+    gen = torch.Generator().manual_seed(CALIBRATION_SEED)
+    out = {}
+    for k, v in inputs.items():
+        shape = (v.shape[0] * CALIBRATION_BATCH, *v.shape[1:]) if v.dim() else v.shape
+        if v.is_floating_point() and v.numel() > 1:
+            out[k] = torch.randn(shape, generator=gen, dtype=v.dtype) * v.std() + v.mean()
+        else:
+            out[k] = v.repeat(CALIBRATION_BATCH, *[1] * (v.dim() - 1)) if v.dim() else v
+    return out
+
+
+def _is_batch_norm(m: torch.nn.Module) -> bool:
+    # by name: transformers' FrozenBatchNorm2d (DETR kin) and D-FINE's are not torch's BatchNorm classes
+    return "BatchNorm" in type(m).__name__ and isinstance(getattr(m, "running_var", None), torch.Tensor) \
+        and isinstance(getattr(m, "running_mean", None), torch.Tensor)
+
+
+def calibrate_batch_norms(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> int:
+    """Set every batch norm's running mean and variance to its input's statistics in one eval-mode forward
+    of ``inputs`` (each norm is set just before it runs, so the norms after it see normalised inputs);
+    the number of norms set.
+
+    A fresh model's batch norms have mean 0, variance 1 for inputs of any scale: with transformers' weight
+    init (std 0.02, sized for fine-tuning a checkpoint) a shrunken convnet's activations then shrink ~10x per
+    conv, and MobileNet's, MobileViT's, LeViT's and HGNetV2's outputs were 1e-10 .. exactly 0 on the CPU,
+    nothing to compare the card's with. A trained net's statistics match its activations; so do these."""
+    norms = [m for m in model.modules() if _is_batch_norm(m)]
+    if not norms:
+        return 0
+    seen: set[int] = set()
+
+    def _set(module, args):
+        x = args[0] if args else None
+        if not isinstance(x, torch.Tensor) or x.dim() < 2 or x.shape[1] != module.running_var.numel():
+            return
+        dims = [d for d in range(x.dim()) if d != 1]
+        module.running_mean.copy_(x.mean(dims))
+        module.running_var.copy_(x.var(dims, unbiased=False))
+        seen.add(id(module))
+
+    handles = [m.register_forward_pre_hook(_set) for m in norms]
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return len(seen)
 
 
 def compared(built: Built, out: Any) -> torch.Tensor:

@@ -2,15 +2,19 @@
 
 The record (plain JSON values):
 
-    {"model_type", "family", "modality", "class", "status": "pass" | "fail" | "not_buildable",
-     "reason" (not buildable), "adapters": [...], "host_seconds",
-     "eager" / "compiled": {"status": "pass" | "fail", "cosine", "max_abs_error", "greedy_match",
+    {"model_type", "family", "modality", "class",
+     "status": "pass" | "fail" | "not_buildable" | "degenerate_reference",
+     "reason" (not buildable, degenerate reference), "adapters": [...], "host_seconds",
+     "batch_norms_calibrated" (when the model has batch norms: ``catalog.calibrate_batch_norms``),
+     "eager" / "compiled": {"status": "pass" | "fail" | "degenerate", "cosine", "max_abs_error", "greedy_match",
                             "latency_ms" (simulated), "host_ops": {op: calls run on the host},
                             "compile_fallbacks": {op: calls}, "failure": {"class", "detail", "op"} | None}}
 
 A mode passes when its output's cosine with the CPU's is >= ``COSINE_PASS``; ``greedy_match`` (decoders
 and other logits) says whether the argmax token at every position equals the CPU's. The model passes when
-every mode run passes. ``latency_ms`` is the simulated device time of one call (the compiled mode's second
+every mode run passes. A mode whose CPU output is all zeros (and the card's too) is "degenerate": there is
+nothing to compare, so it is neither a pass nor a numerics failure, and its model is not counted in pass
+rates (``report.py`` lists it with the reason). ``latency_ms`` is the simulated device time of one call (the compiled mode's second
 call: the first one compiles and relayouts the weights).
 """
 
@@ -91,23 +95,46 @@ def _timed_call(fn, inputs) -> tuple[Any, float]:
     return out, start.elapsed_time(end)
 
 
+DEGENERATE_ATOL = 1e-6  # a zero reference: the card's output within this of zero is "degenerate", not wrong
+
+
+def cosine(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """The cosine of two finite tensors (float64), scale-free: ``cosine_similarity`` clamps the norms at 1e-8,
+    which made two equal outputs of norm ~1e-10 score 0. 0 when ``got`` is all zeros and ``ref`` is not."""
+    scale = ref.abs().max()
+    g, r = (got / scale).flatten(), (ref / scale).flatten()  # ref's largest is 1: no under- or overflow
+    norm = float(g.norm() * r.norm())
+    return float(g @ r) / norm if norm > 0 else 0.0
+
+
 def _judge(built: catalog.Built, ref: torch.Tensor, out: Any) -> dict:
+    """The mode's verdict: "pass" / "fail" (``failure`` says why), or "degenerate" when the CPU's output is all
+    zeros and the card's too (nothing to compare: neither a pass nor a numerics failure)."""
     got = catalog.compared(built, out).cpu().double()
     r = ref.double()
     if got.shape != r.shape:
         return {"status": "fail", "cosine": None, "max_abs_error": None, "greedy_match": None,
                 "failure": {"class": "numerics", "detail": f"output shape {tuple(got.shape)} != CPU {tuple(r.shape)}",
                             "op": None}}
-    finite = bool(torch.isfinite(got).all())
-    cos = float(torch.nn.functional.cosine_similarity(got.flatten(), r.flatten(), dim=0)) if finite else float("nan")
-    err = float((got - r).abs().max()) if finite else float("inf")
+    if not bool(torch.isfinite(got).all()):
+        return {"status": "fail", "cosine": None, "max_abs_error": None, "greedy_match": None,
+                "failure": {"class": "numerics", "detail": "non-finite values in the output", "op": None}}
+    err = float((got - r).abs().max()) if got.numel() else 0.0
+    if not bool(r.any()):
+        if err <= DEGENERATE_ATOL:
+            return {"status": "degenerate", "cosine": None, "max_abs_error": err, "greedy_match": None,
+                    "failure": None, "reason": f"the CPU's output is all zeros (the card's is within {err:.3g} of "
+                                               f"zero): nothing to compare"}
+        return {"status": "fail", "cosine": None, "max_abs_error": err, "greedy_match": None,
+                "failure": {"class": "numerics", "op": None,
+                            "detail": f"the CPU's output is all zeros, the card's is not (max abs error {err:.4g})"}}
+    cos = cosine(got, r)
     greedy = bool(torch.equal(got.argmax(-1), r.argmax(-1))) if built.output == "logits" else None
-    ok = finite and cos >= COSINE_PASS
+    ok = cos >= COSINE_PASS
     detail = None if ok else {"class": "numerics", "op": None,
-                              "detail": f"cosine {cos:.6f} < {COSINE_PASS}, max abs error {err:.4g}"
-                              if finite else "non-finite values in the output"}
-    return {"status": "pass" if ok else "fail", "cosine": cos if finite else None, "max_abs_error": err if finite else None,
-            "greedy_match": greedy, "failure": detail}
+                              "detail": f"cosine {cos:.6f} < {COSINE_PASS}, max abs error {err:.4g}"}
+    return {"status": "pass" if ok else "fail", "cosine": cos, "max_abs_error": err, "greedy_match": greedy,
+            "failure": detail}
 
 
 def _run_mode(built: catalog.Built, model, ref: torch.Tensor, mode: str, dtype: torch.dtype) -> dict:
@@ -158,6 +185,8 @@ def check_model(model_type: str, modes: tuple[str, ...] = MODES, dtype: str = "f
                 record.update(status="not_buildable", reason=str(e))
                 return record
             record.update({"class": built.class_name})
+            if built.batch_norms_calibrated:
+                record["batch_norms_calibrated"] = built.batch_norms_calibrated
             ref = catalog.reference(built)
             model = _on_spyre(built.model, dtype, adapters)
             record["adapters"] = list(getattr(model, "spyre_adapters", []))
@@ -168,9 +197,20 @@ def check_model(model_type: str, modes: tuple[str, ...] = MODES, dtype: str = "f
         record["status"] = "fail"
         record["failure"] = {"class": "timeout", "detail": str(e), "op": None}
     else:
-        record["status"] = "pass" if all(record[m]["status"] == "pass" for m in modes) else "fail"
+        record["status"] = model_status([record[m] for m in modes])
+        if record["status"] == "degenerate_reference":
+            record["reason"] = next(record[m]["reason"] for m in modes if record[m]["status"] == "degenerate")
     record["host_seconds"] = round(time.perf_counter() - t0, 2)
     return record
+
+
+def model_status(results: list[dict]) -> str:
+    """"fail" when a mode failed; else "degenerate_reference" when a mode had nothing to compare (not counted
+    in pass rates, listed with its reason); else "pass"."""
+    statuses = {r["status"] for r in results}
+    if statuses - {"pass", "degenerate"}:
+        return "fail"
+    return "degenerate_reference" if "degenerate" in statuses else "pass"
 
 
 def _caused_by_timeout(e: BaseException) -> bool:

@@ -11,13 +11,17 @@ from pathlib import Path
 MODES = ("eager", "compiled")
 
 
+NOT_COUNTED = ("not_buildable", "degenerate_reference")
+
+
 def counted(records: list[dict]) -> list[dict]:
-    """Records that count in pass rates: every model that could be built on the CPU."""
-    return [r for r in records if r.get("status") != "not_buildable"]
+    """Records that count in pass rates: every model that could be built on the CPU and whose output is not
+    all zeros there (a degenerate reference: nothing to compare the card's with)."""
+    return [r for r in records if r.get("status") not in NOT_COUNTED]
 
 
 def mode_status(record: dict, mode: str) -> str:
-    """"pass" / "fail" / "-" (not run) of one mode; a model-level failure (timeout, crash) fails every mode."""
+    """"pass" / "fail" / "degenerate" / "-" (not run) of one mode; a model-level failure (timeout, crash) fails every mode."""
     if mode in record:
         return record[mode]["status"]
     return "fail" if record.get("failure") else "-"
@@ -30,7 +34,7 @@ def failure_of(record: dict, mode: str) -> dict | None:
 
 
 def rate(records: list[dict], mode: str) -> tuple[int, int]:
-    ran = [r for r in counted(records) if mode_status(r, mode) != "-"]
+    ran = [r for r in counted(records) if mode_status(r, mode) in ("pass", "fail")]  # not "degenerate"
     return sum(mode_status(r, mode) == "pass" for r in ran), len(ran)
 
 
@@ -109,9 +113,12 @@ def markdown(records: list[dict], command: str = "", universe: dict[str, int] | 
     lines = ["# Model coverage on the simulated Spyre card", ""]
     if command:
         lines += ["Regenerate with:", "", "```bash", command, "```", ""]
+    nb = [r for r in records if r.get("status") == "not_buildable"]
+    degenerate = [r for r in records if r.get("status") == "degenerate_reference"]
     lines += [f"{total} model types swept; {built} could be built offline from a shrunken config (random weights) "
-              f"and count; {total - built} could not (listed at the end, not counted). A mode passes when the "
-              f"cosine of its logits or last hidden state with the CPU's (fp32) is >= 0.999.", ""]
+              f"and count; {len(nb)} could not and {len(degenerate)} had an all-zero output on the CPU (nothing to "
+              f"compare; both listed at the end, not counted). A mode passes when the cosine of its logits or "
+              f"last hidden state with the CPU's (fp32) is >= 0.999.", ""]
     if universe:
         swept = Counter(r.get("modality", "other") for r in records)
         lines += ["| modality | model types swept | in this transformers |", "|---|---|---|"]
@@ -150,7 +157,10 @@ def markdown(records: list[dict], command: str = "", universe: dict[str, int] | 
         lines.append(f"| {r['model_type']} | {r.get('modality')} | {r.get('family')} | {mode_status(r, 'eager')} "
                      f"| {mode_status(r, 'compiled')} | {_fmt(comp.get('cosine'))} | {_fmt(comp.get('latency_ms'), 3)} "
                      f"| {', '.join(host)} | {', '.join(r.get('adapters', []))} | {_cell(why)} |")
-    nb = [r for r in records if r.get("status") == "not_buildable"]
+    if degenerate:
+        lines += ["", "## Degenerate reference (not counted)", "", "| model_type | reason |", "|---|---|"]
+        lines += [f"| {r['model_type']} | {_cell(r.get('reason', ''))} |"
+                  for r in sorted(degenerate, key=lambda r: r["model_type"])]
     if nb:
         lines += ["", "## Not buildable (not counted)", "", "| model_type | reason |", "|---|---|"]
         lines += [f"| {r['model_type']} | {_cell(r.get('reason', ''))} |" for r in sorted(nb, key=lambda r: r["model_type"])]

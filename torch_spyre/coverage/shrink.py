@@ -23,7 +23,8 @@ SIZES: dict[str, Any] = {
                      "hidden_dim", "emb_dim"], HIDDEN),  # emb_dim: XLM/FlauBERT (was 2048, 100 M weights)
     **dict.fromkeys(["intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner",
                      "moe_intermediate_size", "shared_expert_intermediate_size",
-                     "dim_ff", "d_inner", "shared_intermediate_size", "mamba_d_ssm"],
+                     "dim_ff", "d_inner", "shared_intermediate_size", "mamba_d_ssm",
+                     "moe_shared_expert_intermediate_size"],
                     2 * HIDDEN),  # CPM-Ant's dim_ff, Funnel's d_inner, the Mamba-2 hybrids' fields
     **dict.fromkeys(["num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers",
                      "decoder_layers", "num_decoder_layers", "num_encoder_layers"], LAYERS),
@@ -91,6 +92,9 @@ def _mamba2(values: dict, out: dict) -> None:
     """Mamba-2 mixers (Bamba, Falcon-H1, GraniteMoeHybrid): 128 heads of a 256-wide state in chunks of 256
     tokens, for 8 tokens padded to one chunk, made them the slowest models of the sweep (timeouts, eager
     too). 4 heads whose head dim fills the mixer's width, a 16-wide state and chunks of 4 tokens."""
+    if _int(values.get("mamba_num_heads")) and _int(values.get("mamba_head_dim")):
+        _nemotron_h_mamba(values, out)
+        return
     if not _int(values.get("mamba_n_heads")):
         return
     hidden = next((out[k] for k in _HIDDEN_KEYS if k in out), None) or values.get("hidden_size")
@@ -103,6 +107,21 @@ def _mamba2(values: dict, out: dict) -> None:
         out["mamba_d_state"] = 16
     if _int(values.get("mamba_chunk_size")) and values["mamba_chunk_size"] > MAMBA_CHUNK:
         out["mamba_chunk_size"] = MAMBA_CHUNK
+
+
+def _nemotron_h_mamba(values: dict, out: dict) -> None:
+    """Nemotron-H's names for the Mamba-2 mixer: 128 heads x 64 wide (8192, for a 64-wide shrunken model), an
+    8-group 128-wide state: its worker ran out of the machine's 23 GB and was killed. 4 heads filling
+    ``expand`` x the hidden size, 2 groups, a 16-wide state, chunks of 4 tokens."""
+    hidden = next((out[k] for k in _HIDDEN_KEYS if k in out), None) or values.get("hidden_size")
+    heads = min(values["mamba_num_heads"], HEADS)
+    out.update(mamba_num_heads=heads, mamba_head_dim=(values.get("expand") or 2) * hidden // heads)
+    if _int(values.get("n_groups")) and values["n_groups"] > 2:
+        out["n_groups"] = 2  # divides the 4 heads
+    if _int(values.get("ssm_state_size")) and values["ssm_state_size"] > 16:
+        out["ssm_state_size"] = 16
+    if _int(values.get("chunk_size")) and values["chunk_size"] > MAMBA_CHUNK:
+        out["chunk_size"] = MAMBA_CHUNK
 
 
 def _blocks(values: dict, out: dict) -> None:
@@ -121,6 +140,8 @@ def _heads(values: dict, out: dict) -> None:
     new_heads = out.get(hk, heads)
     for kv in _KV_KEYS:  # multi-head attention stays multi-head (some configs insist: ESMC)
         if _int(values.get(kv)) and values[kv] == heads:
+            out[kv] = new_heads
+        elif kv in values and values[kv] is None:  # Nemotron's config leaves it None and its attention divides by it
             out[kv] = new_heads
     if not _int(hidden):
         return
