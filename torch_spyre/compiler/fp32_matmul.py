@@ -82,28 +82,26 @@ def _k_pad(k) -> int:
 
 def a_concatenated(a, passes: tuple[tuple[int, int], ...]):
     """:func:`k_concatenated`'s ``a2``: A's parts side by side along K in the passes' order."""
-    parts = dlfloat16_parts(a, _part_count(passes))
-    if len(passes) == 1:
-        return parts[passes[0][0]]
-    pad = _k_pad(a.get_size()[-1])
-    if pad:
-        pad_nd = torch_inductor.lowering_for(torch.ops.aten.constant_pad_nd.default)
-        parts = [pad_nd(x, [0, pad], 0.0) for x in parts]
-    cat = torch_inductor.lowering_for(torch.ops.aten.cat.default)
-    return cat([parts[i] for i, _ in reversed(passes)], -1)
+    return _concatenated(a, passes, 0)
 
 
 def b_concatenated(b, passes: tuple[tuple[int, int], ...]):
     """:func:`k_concatenated`'s ``b2``: B's parts stacked along K in the passes' order."""
-    parts = dlfloat16_parts(b, _part_count(passes))
+    return _concatenated(b, passes, 1)
+
+
+def _concatenated(x, passes: tuple[tuple[int, int], ...], side: int):
+    """The parts of operand ``side`` (0: A, K its last dim; 1: B, K its second last) concatenated along K."""
+    parts = dlfloat16_parts(x, _part_count(passes))
     if len(passes) == 1:
-        return parts[passes[0][1]]
-    pad = _k_pad(b.get_size()[-2])
+        return parts[passes[0][side]]
+    k_dim = -1 if side == 0 else -2
+    pad = _k_pad(x.get_size()[k_dim])
     if pad:
         pad_nd = torch_inductor.lowering_for(torch.ops.aten.constant_pad_nd.default)
-        parts = [pad_nd(x, [0, 0, 0, pad], 0.0) for x in parts]
+        parts = [pad_nd(p, [0, pad] if side == 0 else [0, 0, 0, pad], 0.0) for p in parts]
     cat = torch_inductor.lowering_for(torch.ops.aten.cat.default)
-    return cat([parts[j] for _, j in reversed(passes)], -2)
+    return cat([parts[p[side]] for p in reversed(passes)], k_dim)
 
 
 def b_parts_rows(k: int, passes: tuple[tuple[int, int], ...]) -> int:

@@ -43,18 +43,24 @@ MATMUL_OP = "fp32_mm_b_parts"
 # ---------------------------------------------------------------------------------------------
 # The two ops the eager path compiles
 # ---------------------------------------------------------------------------------------------
-def _parts_eager(b: torch.Tensor) -> torch.Tensor:
+def _concatenated_eager(x: torch.Tensor, side: int) -> torch.Tensor:
+    """``fp32_matmul``'s K-concatenated parts of operand ``side`` (0: A, 1: B), in torch ops: the ops'
+    eager and CPU reference."""
     passes = fp32_matmul.passes()
-    count = 1 + max(max(p) for p in passes)
-    parts, rest = [], b
-    for i in range(count):
+    parts, rest = [], x
+    for _ in range(1 + max(max(p) for p in passes)):
         parts.append(rest.to(torch.float16))
         rest = rest - parts[-1].float()
     if len(passes) == 1:
-        return parts[passes[0][1]]
-    pad = -b.shape[-2] % fp32_matmul.STICK_ELEMENTS
-    parts = [torch.nn.functional.pad(p, [0, 0, 0, pad]) for p in parts]
-    return torch.cat([parts[j] for _, j in reversed(passes)], -2)
+        return parts[passes[0][side]]
+    k_dim = -1 if side == 0 else -2
+    pad = -x.shape[k_dim] % fp32_matmul.STICK_ELEMENTS
+    parts = [torch.nn.functional.pad(p, [0, pad] if side == 0 else [0, 0, 0, pad]) for p in parts]
+    return torch.cat([parts[p[side]] for p in reversed(passes)], k_dim)
+
+
+def _parts_eager(b: torch.Tensor) -> torch.Tensor:
+    return _concatenated_eager(b, 1)
 
 
 def _parts_meta(b: torch.Tensor) -> torch.Tensor:
@@ -63,18 +69,7 @@ def _parts_meta(b: torch.Tensor) -> torch.Tensor:
 
 
 def _matmul_eager(a, b_parts, bias, beta: float, alpha: float) -> torch.Tensor:
-    passes = fp32_matmul.passes()
-    count = 1 + max(max(p) for p in passes)
-    parts, rest = [], a
-    for i in range(count):
-        parts.append(rest.to(torch.float16))
-        rest = rest - parts[-1].float()
-    if len(passes) == 1:
-        a2 = parts[passes[0][0]]
-    else:
-        pad = -a.shape[-1] % fp32_matmul.STICK_ELEMENTS
-        a2 = torch.cat([torch.nn.functional.pad(parts[i], [0, pad]) for i, _ in reversed(passes)], -1)
-    product = alpha * (a2.float() @ b_parts.float())
+    product = alpha * (_concatenated_eager(a, 0).float() @ b_parts.float())
     return product if bias is None else product + beta * bias
 
 
