@@ -88,3 +88,38 @@ def test_compiled_embeddings_match_cpu(B):
     with optimizations.disabled("embedding_group"):
         kernels, off = profiled_kernels(_bert_embeddings, list(args), no_grad=True)
     assert len(kernels) == 4 and torch.equal(off, got)
+
+
+def test_a_bad_index_in_a_group_names_its_own_index_tensor():
+    """The group's lookups run in one program: an index out of range names the member whose index it was
+    (each member's gather reads its own table, by which the card finds the member's tensors)."""
+    import re
+
+    import torch_spyre.profiler
+    from torch_spyre.card.execute import ExecutionError
+
+    from .spyre_compile_helpers import fresh
+
+    class TwoLookups(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.e1, self.e2 = torch.nn.Embedding(10, 64), torch.nn.Embedding(10, 64)
+
+        def forward(self, i, j):
+            return self.e1(i) + self.e2(j)
+
+    fresh()
+    compiled = torch.compile(TwoLookups().half().to("spyre"))
+    good, bad = torch.tensor([[1, 2, 3]]).to("spyre"), torch.tensor([[4, 50, 6]]).to("spyre")
+    named = []
+    with torch.no_grad():
+        with torch_spyre.profiler.profile() as prof:
+            compiled(good, good)
+        assert any(r.name.startswith("spyre_embedding_x2") for r in prof.events() if r.kind == "kernel")
+        for args in ((bad, good), (good, bad)):
+            with pytest.raises(ExecutionError, match="gather index 50 at position 1") as err:
+                compiled(*args)
+            found = re.search(r"the index tensor is %(\w+)", str(err.value))
+            assert found, str(err.value)
+            named.append(found.group(1))
+    assert named[0] != named[1]
