@@ -90,9 +90,11 @@ def test_compiled_embeddings_match_cpu(B):
     assert len(kernels) == 4 and torch.equal(off, got)
 
 
-def test_a_bad_index_in_a_group_names_its_own_index_tensor():
+@pytest.mark.parametrize("one_table", [False, True])
+def test_a_bad_index_in_a_group_names_its_own_index_tensor(one_table):
     """The group's lookups run in one program: an index out of range names the member whose index it was
-    (each member's gather reads its own table, by which the card finds the member's tensors)."""
+    (each member's gather reads its own source operand, by which the card finds the member's tensors; two
+    lookups of one table are two operands bound to the same tensor)."""
     import re
 
     import torch_spyre.profiler
@@ -103,7 +105,8 @@ def test_a_bad_index_in_a_group_names_its_own_index_tensor():
     class TwoLookups(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.e1, self.e2 = torch.nn.Embedding(10, 64), torch.nn.Embedding(10, 64)
+            self.e1 = torch.nn.Embedding(10, 64)
+            self.e2 = self.e1 if one_table else torch.nn.Embedding(10, 64)
 
         def forward(self, i, j):
             return self.e1(i) + self.e2(j)
@@ -123,3 +126,4 @@ def test_a_bad_index_in_a_group_names_its_own_index_tensor():
             assert found, str(err.value)
             named.append(found.group(1))
     assert named[0] != named[1]
+

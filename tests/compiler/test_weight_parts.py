@@ -164,3 +164,58 @@ def test_bad_cache_size_is_a_clear_error(monkeypatch):
     monkeypatch.setenv(weight_parts.ENV, "many")
     with pytest.raises(ValueError, match="TORCH_SPYRE_WEIGHT_PARTS_CACHE"):
         weight_parts.cache_size()
+
+
+def test_parts_split_in_timing_only_mode_are_split_again_when_run_for_real():
+    """Parts made in timing-only mode hold no values: a later real call must not read them."""
+    lin, x = _linear(), _x()
+    dlin, dx = _linear().to("spyre"), x.to("spyre")
+    with torch.no_grad():
+        with torch_spyre.timing_only():
+            dlin(dx)
+            dlin(dx)  # a timing-only hit: the parts serve timing
+        assert weight_parts.stats()["hits"] == 1
+        got = dlin(dx).cpu()
+    assert weight_parts.stats()["invalidations"] == 1
+    torch.testing.assert_close(got, lin(x), rtol=1e-5, atol=1e-4)
+
+
+def test_addmm_with_out_dtype_is_not_read_as_beta(monkeypatch):
+    """addmm.dtype(self, mat1, mat2, out_dtype, *, beta, alpha): its 4th argument is a dtype, not beta."""
+    called = []
+    monkeypatch.setattr(weight_parts, "lookup", lambda *a: called.append(a))
+    bound = [torch.randn(4).to("spyre"), torch.randn(3, 8).to("spyre"), torch.randn(8, 4).to("spyre"),
+             torch.float32, 1, 1]
+    info = type("Info", (), {"name": "addmm.dtype", "is_out": [False]})()
+    assert eager._run_with_weight_parts(torch.ops.aten.addmm.dtype, info, bound, 0) is None
+    assert called == []
+
+
+def test_out_of_memory_while_splitting_empties_the_cache_and_the_call_goes_the_ordinary_way(monkeypatch):
+    lin, x = _linear(), _x()
+    dlin, dx = _linear().to("spyre"), x.to("spyre")
+    other = _linear(seed=5).to("spyre")
+    with torch.no_grad():
+        other(dx)
+        assert weight_parts.stats()["entries"] == 1
+
+        def no_memory(*args, **kwargs):
+            raise torch.OutOfMemoryError("spyre: out of memory (test)")
+
+        monkeypatch.setattr(eager, "_run_program", no_memory)
+        got = dlin(dx).cpu()
+        monkeypatch.undo()
+    assert weight_parts.stats()["entries"] == 0
+    torch.testing.assert_close(got, lin(x), rtol=1e-5, atol=1e-4)
+
+
+def test_a_replaced_entry_detaches_its_storage_finalizer(monkeypatch):
+    """A weight written every step is split every step: one finalizer per live entry, not one per split."""
+    x, dlin = _x().to("spyre"), _linear().to("spyre")
+    with torch.no_grad():
+        dlin(x)
+        [first] = weight_parts._cache.entries.values()
+        dlin.weight.add_(1)
+        dlin(x)
+        [second] = weight_parts._cache.entries.values()
+    assert not first.finalizer.alive and second.finalizer.alive

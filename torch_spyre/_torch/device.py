@@ -56,6 +56,9 @@ PRIVATE_SYMBOLS = [
     "torch._decomp:decomposition_table",
     "torch._refs:native_layer_norm",
     "torch.autograd:_unsafe_preserve_version_counter",
+    "torch:Tensor._version",
+    "torch._inductor.decomposition:decompositions",
+    "torch._inductor.decomposition:decomp_native_layer_norm",
 ]
 
 OpOverload = torch._ops.OpOverload  # the type of ``torch.ops.aten.add.Tensor`` (for annotations)
@@ -148,6 +151,11 @@ def wrap_decompositions(ops: list[Any], wrap: Callable[[Any, Callable[..., Any]]
             torch._decomp.decomposition_table[op] = ref
             if inductor is not None:
                 inductor.decomp_native_layer_norm = ref
+
+
+def version_of(t: torch.Tensor) -> int:
+    """``t``'s autograd version counter (bumped by every in-place write to it or to a view of its storage)."""
+    return t._version
 
 
 def unversioned_writes(tensors: tuple) -> Any:

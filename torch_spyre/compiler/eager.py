@@ -38,7 +38,7 @@ import torch
 
 from .._torch import device as torch_device
 from .._torch import inductor as torch_inductor
-from .._torch.device import OpOverload
+from .._torch.device import OpOverload, version_of
 from ..device.op_call import (bound_args, flat_tensors, map_tensors, resize_written, rewrap_numbers,
                               write_only_outs, written_args)
 from ..runtime.timing_only import NoDataError
@@ -487,8 +487,9 @@ def _run_with_weight_parts(op: OpOverload, info: Any, bound: list[Any], card: in
     before it succeeds either)."""
     from . import weight_parts
 
-    positions = _PARTS_OPERANDS.get(info.name.split(".")[0])
-    if positions is None:
+    name, _, overload = info.name.partition(".")
+    positions = _PARTS_OPERANDS.get(name)
+    if positions is None or overload not in ("", "default", "out"):  # not addmm.dtype's out_dtype arguments
         return None
     a, b = bound[positions[0]], bound[positions[1]]
     if not (weight_parts.cacheable(b) and isinstance(a, torch.Tensor) and a.dtype == torch.float32
@@ -501,9 +502,13 @@ def _run_with_weight_parts(op: OpOverload, info: Any, bound: list[Any], card: in
     parts_key = weight_parts.key_of(b, card, (id(_card_config(card)), generation_key()))
     parts = weight_parts.lookup(b, parts_key)
     if parts is None:
-        version = b._version
+        version = version_of(b)
         parts_op = weight_parts.parts_op()
-        outs = _run_program(("weight_parts", signature(parts_op, (b,), {}, card)), lambda w: (parts_op(w),), [b])
+        try:
+            outs = _run_program(("weight_parts", signature(parts_op, (b,), {}, card)), lambda w: (parts_op(w),), [b])
+        except torch.OutOfMemoryError:
+            weight_parts.clear()  # the cached parts make room; the ordinary program splits in its own call
+            return None
         if outs is None:
             return None
         parts = outs[0]
@@ -524,7 +529,11 @@ def _run_with_weight_parts(op: OpOverload, info: Any, bound: list[Any], card: in
         return ()
 
     key = ("weight_parts_matmul", signature(matmul, tuple(args), {"beta": float(beta), "alpha": float(alpha)}, card))
-    return _run_program(key, fn, args)
+    try:
+        return _run_program(key, fn, args)
+    except torch.OutOfMemoryError:
+        weight_parts.clear()
+        return None
 
 
 def _card_config(card: int) -> Any:
@@ -545,8 +554,8 @@ def _run_program(key: tuple, fn: Callable[..., tuple], tensors: list[torch.Tenso
             try:
                 with torch.no_grad(), _Compiling(), _compile_lock:
                     entry = Entry(compile_one_op(fn, tensors))
-            except NoDataError:
-                raise
+            except (NoDataError, torch.OutOfMemoryError):
+                raise  # not the program's fault: nothing to remember against its key
             except Exception as e:  # noqa: BLE001 - the op's ordinary program is the fallback
                 entry = Entry(None, f"{type(e).__name__}: {_first_line(e)}")
             with _lock:
@@ -557,7 +566,7 @@ def _run_program(key: tuple, fn: Callable[..., tuple], tensors: list[torch.Tenso
                 return None
         try:
             return _call(entry.compiled, tensors)
-        except NoDataError:
+        except (NoDataError, torch.OutOfMemoryError):
             raise
         except Exception as e:  # noqa: BLE001
             with _lock:

@@ -16,7 +16,11 @@ are cached: inference tensors (activations under ``torch.inference_mode``) have 
 counter (through ``w.data``, or through another tensor made on the same storage with ``set_``) are not
 seen; that is PyTorch's own contract for version counters. The cache is an LRU of
 ``TORCH_SPYRE_WEIGHT_PARTS_CACHE`` entries (default 256; 0 turns it off); an entry's device memory is freed
-when it is evicted or replaced, or when B's storage dies (a finalizer on the storage). Memory: the parts
+when it is evicted or replaced, when its next lookup finds B written since, or when B's storage dies (a
+finalizer on the storage). Parts split in timing-only mode hold no values: they serve later timing-only
+calls, and the first call run for real splits again. A split or matmul that runs out of device memory
+empties this cache and the call goes the ordinary way (the parts are an optimization, never the reason a
+call fails). Memory: the parts
 of "highest" take 12 bytes per weight element (six 16-bit parts along K), three times the fp32 weight.
 """
 
@@ -32,6 +36,9 @@ from typing import Any
 
 import torch
 
+from .._torch.device import version_of
+from ..device.tensor import has_data
+from ..runtime import timing_only
 from . import fp32_matmul
 
 ENV = "TORCH_SPYRE_WEIGHT_PARTS_CACHE"
@@ -122,6 +129,14 @@ class _Entry:
     parts: torch.Tensor
     storage: weakref.ref
     token: int
+    finalizer: Any = None  # weakref.finalize on B's storage; detached when the entry goes first
+
+
+def _drop(entry: _Entry) -> None:
+    """An entry leaves the cache: its storage's finalizer is no longer needed (one per live entry, not one per
+    store: a weight written every step would pile them up)."""
+    if entry.finalizer is not None:
+        entry.finalizer.detach()
 
 
 class _Cache:
@@ -150,8 +165,10 @@ def lookup(b: torch.Tensor, key: tuple) -> torch.Tensor | None:
         if entry is None:
             _cache.misses += 1
             return None
-        if entry.version != b._version or entry.storage() is not b.untyped_storage():
-            del _cache.entries[key]  # written since (or a new storage at the same address): split again
+        stale = entry.version != version_of(b) or entry.storage() is not b.untyped_storage()
+        # Parts split in timing-only mode hold no values: fine for timing, useless once B is run for real.
+        if stale or (not has_data(entry.parts) and not timing_only.enabled()):
+            _drop(_cache.entries.pop(key))  # written since (or a new storage at the same address): split again
             _cache.invalidations += 1
             _cache.misses += 1
             return None
@@ -167,13 +184,15 @@ def store(b: torch.Tensor, key: tuple, parts: torch.Tensor, version: int) -> Non
         return
     storage = b.untyped_storage()
     token = next(_tokens)
+    entry = _Entry(version, parts, weakref.ref(storage), token, weakref.finalize(storage, _release, key, token))
     with _lock:
-        _cache.entries[key] = _Entry(version, parts, weakref.ref(storage), token)
-        _cache.entries.move_to_end(key)
+        old = _cache.entries.pop(key, None)
+        if old is not None:
+            _drop(old)
+        _cache.entries[key] = entry
         while len(_cache.entries) > size:
-            _cache.entries.popitem(last=False)
+            _drop(_cache.entries.popitem(last=False)[1])
             _cache.evictions += 1
-    weakref.finalize(storage, _release, key, token)
 
 
 def _release(key: tuple, token: int) -> None:
@@ -200,4 +219,6 @@ def clear() -> None:
     """Drop every cached entry (their device memory is freed) and zero the counters."""
     global _cache
     with _lock:
+        for entry in _cache.entries.values():
+            _drop(entry)
         _cache = _Cache()

@@ -20,7 +20,8 @@ def gather_index_problem(index: np.ndarray, ins: DmaGather, program) -> str | No
         return None
     origin = ""
     g = program.metadata.get("gather")  # which tensors the gather reads, when the compiler recorded it
-    if not isinstance(g, dict):  # a group of gathers in one program: the member reading this source
+    if not isinstance(g, dict):  # a group of gathers in one program: the member reading this source (each
+        # member has its own source operand, also when two lookups read one table)
         members = program.metadata.get("gather_members") or []
         g = next((m for m in members if isinstance(m, dict) and m.get("source_operand") == ins.src.operand), None)
     if isinstance(g, dict) and "index_operand" in g:
