@@ -80,6 +80,12 @@ def reference(a, b, bias, residual, activation, alpha, beta, norm_weight=None, n
         out = out + (bias * beta if beta != 1.0 else bias)
     if activation is not None:
         out = apply_activation(activation, out)
+    return residual_and_norm(out, residual, norm_weight, norm_bias, norm_eps)
+
+
+def residual_and_norm(out, residual, norm_weight, norm_bias, norm_eps):
+    """The tail both fused references share (this op's and ``spyre::fused_mlp``'s): ``+ residual``, then
+    with ``norm_eps`` a LayerNorm over the last dim (weight and bias in ``out``'s dtype)."""
     if residual is not None:
         out = out + residual
     if norm_eps is not None:
@@ -393,4 +399,4 @@ def _reshape(graph: torch.fx.Graph, t: Any, shape: list[int]) -> Any:
     return node
 
 
-__all__ = ["ACTIVATIONS", "Chain", "define_op", "fuse_matmul_epilogues", "op", "reference"]
+__all__ = ["ACTIVATIONS", "Chain", "define_op", "fuse_matmul_epilogues", "op", "reference", "residual_and_norm"]

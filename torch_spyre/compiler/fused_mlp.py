@@ -47,12 +47,7 @@ def reference(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation, residua
     else:
         h = epilogue.apply_activation(activation, u)
     out = h @ w_down + (b_down if b_down is not None else 0)
-    if residual is not None:
-        out = out + residual
-    if norm_eps is not None:
-        w, c = (None if t is None else t.to(out.dtype) for t in (norm_weight, norm_bias))
-        out = torch.nn.functional.layer_norm(out, out.shape[-1:], w, c, norm_eps)
-    return out
+    return epilogue.residual_and_norm(out, residual, norm_weight, norm_bias, norm_eps)
 
 
 def _eager(x, w_up, w_gate, w_down, b_up, b_gate, b_down, activation, residual=None, norm_weight=None,
