@@ -4,6 +4,7 @@ layout plan's ``ensure_weight_layout`` calls).
 
     python benchmarks/onchip_relayout.py               # the seed's size (ring time nearest 1.1 us) and others
     python benchmarks/onchip_relayout.py 384 512       # one shape
+    python benchmarks/onchip_relayout.py --copy        # into a new tensor (the layout plan's relayout kernel)
 
 Off (``TORCH_SPYRE_DISABLE=onchip_relayout``): the relayout kernel writes a scratch allocation in the new
 layout and the bytes come back (a device-to-device copy): the device-memory round trip. On: one kernel
@@ -65,8 +66,30 @@ def sized_to_published(config: CardConfig, cols: int = 512, max_rows: int = 1024
                key=lambda shape: abs(ring_s(shape, config) - PUBLISHED_RING_S))
 
 
+COPY_SHAPES = ((64, 256), (64, 4096), (384, 512), (1024, 1024), (2048, 4096))
+
+
+def copy_table(config: CardConfig) -> None:
+    """A relayout into a new tensor (``relayout(t, dim)``, between compiled kernels): both programs read the
+    source once and write the new tensor once; ``relayout.copy_choice`` times them and runs the faster."""
+    from torch_spyre.compiler.relayout import copy_choice
+
+    print("| fp16 tensor, dim 1 -> 0, new tensor | device memory µs | on chip µs | runs |\n|---|---:|---:|---|")
+    for shape in COPY_SHAPES:
+        src, dst = StickLayout(shape, 1, "dlfloat16"), StickLayout(shape, 0, "dlfloat16")
+        onchip, _, chosen = copy_choice(src, dst, config)
+        with optimizations.disabled("onchip_relayout"):
+            device = copy_choice(src, dst, config)[2]
+        exchange = time_program(onchip_relayout_program(src, dst, config), config).total_s
+        print(f"| {shape[0]}x{shape[1]} | {device * 1e6:.2f} | {exchange * 1e6:.2f} | "
+              f"{'on chip' if onchip else 'device memory'} ({chosen * 1e6:.2f}) |")
+
+
 def main(argv: list[str]) -> int:
     config = CardConfig()
+    if argv == ["--copy"]:
+        copy_table(config)
+        return 0
     shapes = [(int(argv[0]), int(argv[1]))] if argv else [sized_to_published(config), (384, 1536), (1024, 1024)]
     print("| fp16 tensor | KiB | off µs | on µs | off/on | ring µs (on) |\n|---|---:|---:|---:|---:|---:|")
     for shape in shapes:

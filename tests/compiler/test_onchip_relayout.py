@@ -107,3 +107,83 @@ def test_what_the_exchange_cannot_take_goes_through_device_memory_with_the_reaso
     assert onchip_fallback(*two_d) is None
     monkeypatch.setenv(optimizations.ENV, "onchip_relayout")
     assert onchip_fallback(*two_d) == "onchip_relayout is switched off"
+
+
+def _transposed_chain(x, w, v):
+    y = x @ w  # [M, N], written sticked on N (its last dim)
+    return y.t() @ v  # A = y^T: the consumer wants y sticked on its rows (M)
+
+
+def _compiled_chain(xs, on: bool):
+    """The chain compiled and run once with ``onchip_relayout`` on or off: (result on the host, the relayout
+    kernel's work record)."""
+    from torch_spyre.compiler import layout_plan as lp
+    from torch_spyre.runtime import stream
+
+    from .spyre_compile_helpers import fresh
+
+    fresh()
+    lp.reset_layout_stats()
+    records = []
+    with optimizations.disabled(*(() if on else ("onchip_relayout",))):
+        fn = torch.compile(_transposed_chain, dynamic=False)
+        stream.add_listener(records.append)
+        try:
+            out = fn(*xs).cpu()
+        finally:
+            stream.remove_listener(records.append)
+    assert lp.layout_stats() == {"relayout_kernels": 1}
+    (relayout,) = [r for r in records if "relayout" in r.name]
+    return out, relayout
+
+
+@pytest.mark.parametrize("check", ["0", "1"])
+def test_an_activation_relayout_between_compiled_kernels_goes_over_the_ring_when_faster(monkeypatch, check):
+    """The layout plan's relayout kernel between two compiled matmuls (an activation, not a weight): with
+    ``onchip_relayout`` on it is the exchange program where the card's timing model finds it faster (fp16
+    [64, 4096]: one read and one write of device memory, the blocks swapped over the ring), the reason in
+    its decisions; the values are bit-identical to the device-memory kernel's (fast and checked executors)."""
+    from torch_spyre.compiler import layout_plan as lp
+    from torch_spyre.compiler import relayout as rl
+    from torch_spyre.device import cards
+
+    monkeypatch.setenv("TORCH_SPYRE_CHECK", check)
+    # the readers' in-kernel transposes priced at 1 s, so that the plan inserts the relayout kernel (on this
+    # card they cost ~1 us and never lose to a kernel launch; test_layout_plan covers that choice)
+    monkeypatch.setattr(lp.Costs, "matmul_saving_s", lambda self, *args: 1.0)
+    torch.manual_seed(11)
+    xs = [(torch.randn(*s) / 4).half().to("spyre") for s in ((64, 128), (128, 4096), (64, 128))]
+    on, on_record = _compiled_chain(xs, on=True)
+    off, off_record = _compiled_chain(xs, on=False)
+    assert torch.equal(on, off)
+    ref = _transposed_chain(*(x.cpu().float() for x in xs))
+    torch.testing.assert_close(on.float(), ref, atol=5e-2, rtol=5e-2)
+    src, dst = StickLayout((64, 4096), 1, "dlfloat16"), StickLayout((64, 4096), 0, "dlfloat16")
+    config = cards.card(0).config
+    onchip, why, seconds = rl.copy_choice(src, dst, config)
+    assert onchip and why.startswith("on chip, the faster: on chip 27.03 us, through device memory 29.61 us")
+    assert on_record.details["program"].endswith("_onchip") and not off_record.details["program"].endswith("_onchip")
+    assert on_record.details["bytes"]["dram_read"] == on_record.details["bytes"]["dram_write"] == src.nbytes
+    assert on_record.length == pytest.approx(seconds, rel=1e-9)
+    assert round(on_record.length * 1e6, 2) == 27.03 and round(off_record.length * 1e6, 2) == 29.61
+    notes = rl._prepared_relayout(0, src, dst, onchip=True, why=why).program.metadata["decisions"]["notes"]
+    assert f"relayout into a new allocation {why}" in notes
+
+
+def test_an_activation_relayout_stays_in_device_memory_where_that_is_faster_or_the_exchange_cannot():
+    """[1024, 1024]: the device-memory kernel is faster (the exchange's load, ring and store do not overlap);
+    fp16 [4, 64, 64] is not 2-D: no exchange, the reason recorded; switched off: said so."""
+    from torch_spyre.compiler import relayout as rl
+
+    config = CardConfig()
+    onchip, why, seconds = rl.copy_choice(StickLayout((1024, 1024), 1, "dlfloat16"),
+                                          StickLayout((1024, 1024), 0, "dlfloat16"), config)
+    assert not onchip and why == ("through device memory, not slower: on chip 50.42 us, through device memory "
+                                  "47.23 us (card timing model)") and round(seconds * 1e6, 2) == 47.23
+    onchip, why, _ = rl.copy_choice(StickLayout((4, 64, 64), 2, "dlfloat16"), StickLayout((4, 64, 64), 1, "dlfloat16"),
+                                    config)
+    assert not onchip and "not on chip: the on-chip exchange swaps the stick dim of a 2-D tensor" in why
+    with optimizations.disabled("onchip_relayout"):
+        onchip, why, _ = rl.copy_choice(StickLayout((64, 4096), 1, "dlfloat16"),
+                                        StickLayout((64, 4096), 0, "dlfloat16"), config)
+    assert not onchip and why.endswith("not on chip: onchip_relayout is switched off")

@@ -75,17 +75,20 @@ def _make_version_pass():
         post-grad passes, and puts its uuid, :func:`compiler_fingerprint`, in the FX graph cache key.
         In order, each unless its optimization is off: indexes by whole-dim aranges become views
         (``index_views.py``), sibling embedding lookups one kernel (``embedding_group.py``), MLP blocks one fused kernel (``fused_mlp.py``) with the residual and LayerNorm
-        after them (``mlp_norm.py``), matmul epilogues fold into the
+        after them (``mlp_norm.py``), matmuls read transposed by a kernel wanting the other layout compute the
+        transposed product (``transposed_product.py``), matmul epilogues fold into the
         matmul (``epilogue.py``) and LayerNorms after them too (``epilogue_norm.py``), matmuls reading one
         input become one kernel (``matmul_group.py``)."""
 
         def __call__(self, gm) -> None:
-            from . import embedding_group, epilogue, epilogue_norm, fused_mlp, index_views, matmul_group, mlp_norm
+            from . import (embedding_group, epilogue, epilogue_norm, fused_mlp, index_views, matmul_group, mlp_norm,
+                           transposed_product)
 
             index_views.view_indexes(gm)
             embedding_group.group_embeddings(gm)
             fused_mlp.fuse_mlps(gm)
             mlp_norm.fuse_mlp_norms(gm)
+            transposed_product.fold_transposed_products(gm)
             epilogue.fuse_matmul_epilogues(gm)
             epilogue_norm.fuse_layer_norms(gm)
             matmul_group.group_matmuls(gm)

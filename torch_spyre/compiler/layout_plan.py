@@ -290,10 +290,11 @@ class Costs:
 
     def relayout_s(self, shape: tuple[int, ...], device_dtype: str, src_dim: int, dst_dim: int) -> float:
         from ..card.layout import StickLayout
-        from .relayout import relayout_program
+        from .relayout import copy_choice
 
+        # the program relayout_buffer will run: the on-chip exchange or the device-memory kernel, the faster
         src, dst = StickLayout(shape, src_dim, device_dtype), StickLayout(shape, dst_dim, device_dtype)
-        return self._timed(("relayout", src, dst), lambda: relayout_program(src, dst, self.config))
+        return copy_choice(src, dst, self.config)[2]
 
     def matmul_saving_s(self, kernel: str, buffer: str, dim: int, operands: list[Operand],
                         buffers: dict[str, BufferInfo]) -> float:
@@ -422,7 +423,8 @@ def _dump_weight_relayout(t: Any, old: Any, stick_dim: int, reason: str, record:
 
 def relayout_buffer(t: Any, stick_dim: int) -> Any:
     """Called by the generated wrapper where the plan inserted a relayout: ``t``'s values in a new
-    allocation sticked on ``stick_dim`` (the relayout program, timed on the current stream)."""
+    allocation sticked on ``stick_dim`` (the relayout program, timed on the current stream: the on-chip
+    exchange or the device-memory kernel, whichever the timing model finds faster, ``relayout.copy_choice``)."""
     from .relayout import relayout
 
     _count("relayout_kernels")

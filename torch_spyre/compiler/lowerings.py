@@ -99,9 +99,11 @@ def _lower_matmul(kind: str):
         beta = kwargs.get("beta", args[n_in] if len(args) > n_in else 1)
         alpha = kwargs.get("alpha", args[n_in + 1] if len(args) > n_in + 1 else 1)
         roles = (["bias"] if n_in == 3 else []) + ["a", "b"]
+        node = torch_inductor.current_fx_node()
+        note = node.meta.get("spyre_note") if node is not None else None  # (transposed_product.py)
         if out_dtype != torch.float32:
             inputs = [_matmul_operand(torch_inductor.realize_input(a)) for a in args[:n_in]]
-            return _matmul_extern(kind, roles, inputs, alpha, beta, out_dtype, {})
+            return _matmul_extern(kind, roles, inputs, alpha, beta, out_dtype, {"note": note} if note else {})
         # fp32: the PE arrays multiply 16-bit parts of the operands (fp32_matmul.py): one pass, or six
         # for fp32-accurate results, as one matmul over the parts concatenated along K.
         passes = fp32_matmul.passes()
@@ -207,6 +209,9 @@ def _lower_matmul_group(a, b, bias):
     kind = "addmm" if all(c is not None for c in bias) else "mm"
     size = [*a.get_size()[:-1], offset]
     params = {"kind": "matmul_group", "members": members, "optimization": "matmul_group"}
+    node = torch_inductor.current_fx_node()
+    if node is not None and node.meta.get("spyre_notes"):  # its members' (matmul_group.py)
+        params["notes"] = list(node.meta["spyre_notes"])
     return _extern("matmul_group", f"{kind}_x{len(members)}", roles, inputs, size, a.get_dtype(), params)
 
 

@@ -192,6 +192,9 @@ def _rewrite(graph: torch.fx.Graph, members: list, order: dict) -> Group:
         fused = graph.call_function(op(), (a, bs, biases))
         fused.meta["val"] = _meta(_val(a), [_val(b) for b in bs], biases)
         fused.meta["spyre_matmul_group"] = {"members": [str(m.target) for m in members]}
+        notes = [f"member {i}: {m.meta['spyre_note']}" for i, m in enumerate(members) if m.meta.get("spyre_note")]
+        if notes:  # e.g. a transposed product (transposed_product.py): into the group's decisions
+            fused.meta["spyre_notes"] = notes
         offset = 0
         slices = []
         for m in members:

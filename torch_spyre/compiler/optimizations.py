@@ -43,6 +43,9 @@ KNOWN: dict[str, str] = {
                  "its intermediate written to device memory and read back",
     "onchip_relayout": "an in-place relayout goes through device memory (a scratch allocation and a copy back) "
                        "instead of through the scratchpads with stick blocks exchanged over the ring",
+    "transposed_product": "a matmul read transposed by a kernel that wants it in the other stick layout "
+                          "(attention's K from (w @ x.t()).t()) is followed by a transposing copy kernel instead "
+                          "of being computed as b.t() @ a.t() in that layout",
 }
 
 #: optimizations the issue tracker plans but the compiler does not make yet. Switching one off would do nothing,

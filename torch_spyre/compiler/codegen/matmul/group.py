@@ -121,5 +121,6 @@ def generate(kspec: Any, places: dict[str, Any], config: CardConfig) -> Program:
     specs = member_specs(view("a"), view("out"), members, kspec.name, tuple(kspec.source_ops))
     program, decisions = build_matmul_group(specs, config, kspec.name)
     decisions.source_lines = list(kspec.source_lines)
+    decisions.notes += list(kspec.params.get("notes", []))  # the members' own (e.g. transposed_product.py)
     program.metadata["decisions"] = decisions.to_dict()
     return program
