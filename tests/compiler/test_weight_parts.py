@@ -124,6 +124,26 @@ def test_a_freed_weight_frees_its_parts():
     assert torch.spyre.memory_allocated() == baseline
 
 
+def test_empty_cache_drops_the_parts_and_the_next_call_splits_again(launches):
+    x = _x().to("spyre")
+    w = torch.randn(40, 96).to("spyre")
+    gc.collect()
+    baseline = torch.spyre.memory_allocated()
+    with torch.no_grad():
+        first = torch.nn.functional.linear(x, w).cpu()
+    assert torch.spyre.memory_allocated() > baseline  # the parts stay on the card
+    torch.spyre.empty_cache()
+    assert weight_parts.stats()["entries"] == 0
+    assert torch.spyre.memory_allocated() == baseline
+    assert torch.spyre.memory_reserved() == torch.spyre.memory_allocated()
+    launches.clear()
+    with torch.no_grad():
+        again = torch.nn.functional.linear(x, w).cpu()
+    assert any("fp32_b_parts" in n for n in launches)  # split again
+    assert torch.equal(first, again)
+    assert weight_parts.stats()["misses"] == 2
+
+
 def test_lru_bound_evicts_and_frees(monkeypatch):
     monkeypatch.setenv(weight_parts.ENV, "1")
     x = _x().to("spyre")

@@ -16,8 +16,8 @@ are cached: inference tensors (activations under ``torch.inference_mode``) have 
 counter (through ``w.data``, or through another tensor made on the same storage with ``set_``) are not
 seen; that is PyTorch's own contract for version counters. The cache is an LRU of
 ``TORCH_SPYRE_WEIGHT_PARTS_CACHE`` entries (default 256; 0 turns it off); an entry's device memory is freed
-when it is evicted or replaced, when its next lookup finds B written since, or when B's storage dies (a
-finalizer on the storage). Parts split in timing-only mode hold no values: they serve later timing-only
+when it is evicted or replaced, when its next lookup finds B written since, when B's storage dies (a
+finalizer on the storage), or at ``torch.spyre.empty_cache()`` (which drops the whole cache, counters kept). Parts split in timing-only mode hold no values: they serve later timing-only
 calls, and the first call run for real splits again. A split or matmul that runs out of device memory
 empties this cache and the call goes the ordinary way (the parts are an optimization, never the reason a
 call fails). Memory: the parts
@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from .._torch.device import version_of
+from ..device.memory_stats import on_empty_cache
 from ..device.tensor import has_data
 from ..runtime import timing_only
 from . import fp32_matmul
@@ -219,6 +220,14 @@ def clear() -> None:
     """Drop every cached entry (their device memory is freed) and zero the counters."""
     global _cache
     with _lock:
+        _drop_all()
+        _cache = _Cache()
+
+
+@on_empty_cache
+def _drop_all() -> None:
+    """Drop every cached entry (their device memory is freed); ``torch.spyre.empty_cache()`` calls this."""
+    with _lock:
         for entry in _cache.entries.values():
             _drop(entry)
-        _cache = _Cache()
+        _cache.entries.clear()
