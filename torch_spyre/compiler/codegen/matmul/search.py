@@ -131,11 +131,16 @@ def _core_span(p: _Problem, w: _CoreWork) -> int:
     boxes = [(p.a, (b0, m0, k0), (nb, nm, nk)), (p.b, (b0, k0, n0), (nb, nk, nn))]
     boxes += [(x, (b0, m0, n0), (nb, nm, nn)) for x in (p.out, p.bias, p.residual, p.norm_weight, p.norm_bias)
               if x is not None]
-    total = 0
+    if w.extra is not None:  # the leftover piece: its B slice and (on any core of the chain) its output
+        xn0, xnn, xk0, xkn = w.extra[:4]
+        boxes.append((p.b, (b0, xk0, xn0), (nb, xkn, xnn)))
+        boxes += [(x, (b0, m0, xn0), (nb, nm, xnn)) for x in (p.out, p.bias, p.residual) if x is not None]
+    hull: dict[int, tuple[int, int]] = {}  # per operand: the lowest and highest byte addressed
     for bound, lo, n in boxes:
         start, end = bound.span(lo, n)
-        total += end - start
-    return total
+        old = hull.get(id(bound), (start, end))
+        hull[id(bound)] = (min(old[0], start), max(old[1], end))
+    return sum(end - start for start, end in hull.values())
 
 
 def rank_plans(spec: MatmulSpec, config: CardConfig, top: int | None = None, keep: int | None = None,
