@@ -87,3 +87,24 @@ def test_search_offers_the_scheme_and_records_it():
     ranked = rank_plans(mm(64, 512, 12 * 64), CFG)
     assert any(c.split.leftover_k > 1 for c in ranked)
     assert "leftover sticks split by K" in str(Split(1, 1, 8, 1, 2))
+
+
+@pytest.mark.slow
+def test_512x4096x12800_splits_its_leftover_sticks_by_k():
+    """200 N sticks over 32 cores: 6 each and the 8 leftover sticks split by K over 4 cores each, A shared
+    along the row and within each K piece. Timed on the card against the cheapest plan without it, uneven
+    pieces (8 x 7, 24 x 6 sticks: 1,018.5 us, 75.1 % of the op roofline). Deterministic simulated time."""
+    from torch_spyre.card.timing import time_program
+    from torch_spyre.compiler.codegen.matmul import build_matmul
+
+    prog, dec = build_matmul(mm(512, 4096, 12800), CFG)
+    t = time_program(prog, CFG)
+    assert dec.work_division["split"] == {"batch": 1, "M": 1, "N_sticks": 32, "K_split": 1}
+    assert "leftover sticks split by K over 4 cores" in prog.metadata["split"]
+    record = dec.work_division["leftover_sticks"]
+    assert record["scheme"].startswith("every core takes 6 sticks; each of the 8 leftover sticks is split by K over 4")
+    assert "b1 m1 n32 k1 1018.50 us" in record["settled"]
+    assert dec.work_division["operand_sharing"]["scheme"].startswith("A forwarded")
+    assert "share_notes" not in prog.metadata
+    assert t.total_s == pytest.approx(965.94e-6, rel=1e-4)
+    assert t.roofline_fraction > 0.79

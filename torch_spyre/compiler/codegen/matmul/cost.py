@@ -108,7 +108,7 @@ def estimate(p: _Problem, s: Split, t: Tiles, cfg: CardConfig, traffic: _SplitTr
     fill, drain = _fill_seconds(sh, len(tr.work), cfg), _drain_seconds(p, s, t, sh, len(tr.work), cfg)
     if t.share == "a":
         fill += _chain_lag(sh, tr, cfg)
-    exposed = _exposed_latency(p, t, sh, cfg, steady["pe"])
+    exposed = _exposed_latency(p, t, sh, cfg, steady["pe"]) + _boundary_stall(p, t, sh, len(tr.work), cfg, steady["pe"])
     tiles = sh.n_tiles * (1 if p.b_shared else sh.groups)
     if not t.acc_double and tiles > 1:
         exposed += (tiles - 1) * drain  # each tile's epilogue now runs alone, like the last one's
@@ -324,6 +324,21 @@ def _exposed_latency(p: _Problem, t: Tiles, sh: _Shape, cfg: CardConfig, pe_s: f
     loads = matmuls // sh.n_tiles * (1 if t.a_resident else sh.n_tiles) + sh.k_tiles * sh.n_tiles * passes
     per_matmul = pe_s / max(1, matmuls)
     return loads * max(0.0, cfg.dram_latency_s - per_matmul)
+
+
+def _boundary_stall(p: _Problem, t: Tiles, sh: _Shape, cores: int, cfg: CardConfig, pe_s: float) -> float:
+    """With A shared and streamed: from the second N tile boundary on, every core stores the tile before
+    and loads its next B tiles at the boundary, and the row's one A load gets a 1/cores share of the DRAM
+    (max-min fair); the whole row waits for it, less what the third A buffer's two-tile head start hides.
+    (At the first boundary no stores are in flight yet: the first tile's epilogue runs behind the second
+    tile's matmuls. The card's timing: 1024x4096x14336 lost about 50 us at each of its 5 later boundaries.)"""
+    if t.share != "a" or t.a_resident or sh.n_tiles < 3:
+        return 0.0
+    a_tile = sh.tile_rows * sh.kt_el * 2
+    matmuls = sh.row_tiles * sh.k_tiles * sh.n_tiles
+    ahead = 2 * pe_s / max(1, matmuls)
+    per = max(0.0, a_tile * (cores - 1) / cfg.dram_read_bandwidth - ahead)
+    return per * (sh.n_tiles - 2)
 
 
 def _row_pieces(p: _Problem, t: Tiles, w: _CoreWork) -> list[int]:
