@@ -2,7 +2,8 @@
 
     python benchmarks/gemm_roofline.py            # the table (markdown), then the same rows as JSON
     python benchmarks/gemm_roofline.py --check    # also run a smaller shared-operand GEMM on the card vs torch,
-                                                  # and exit 1 when no GEMM may be under 75 % or GEMV under 95 %
+                                                  # and exit 1 when the GEMMs average under 85 %, a GEMM is
+                                                  # under 75 % or a GEMV under 95 %
 
 Simulated device time of the generated program on the default card (card/timing/, deterministic): the
 programs are built and timed, never executed on the host (the --check shape is executed). op roofline =
@@ -99,7 +100,9 @@ def main() -> None:
         summary["check_rel_err"] = check(cfg)
         print(f"check: 256x512x1024 with A shared over the ring, executed on the card: max error "
               f"{summary['check_rel_err']:.1e} of the largest output")
-        # The targets met so far are enforced; the GEMM average (85 %) is not met yet (docs/compiler.md).
+        if summary["gemm_average"] < TARGETS["gemm_average"]:
+            failed.append(f"the GEMMs average {100 * summary['gemm_average']:.1f} % of the op roofline, under "
+                          f"{100 * TARGETS['gemm_average']:.0f} %")
         if summary["gemm_min"] < TARGETS["gemm_each"]:
             failed.append(f"a GEMM at {100 * summary['gemm_min']:.1f} % of the op roofline, under "
                           f"{100 * TARGETS['gemm_each']:.0f} %")
