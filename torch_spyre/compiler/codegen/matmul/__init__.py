@@ -50,7 +50,7 @@ from ...core_count import CoreCount, cores_for, dma_cycles
 from ...decisions import BufferDecision, KernelDecisions
 from .cost import Estimate, _core_dram_bytes, estimate
 from .emit import generate_plan
-from .plan import Split, Tiles, _assign, _buffers, _core_shape
+from .plan import Split, Tiles, _assign, _buffers, _core_shape, leftover_ways
 from .search import (Plan, _best_tiles, _core_span, _span_ok, cached_rank_plans, first_fit, naive_split,
                      plan_for_split, rank_plans)
 from .spec import (
@@ -329,7 +329,6 @@ def _leftover_decision(p: _Problem, cfg: CardConfig, best: Plan) -> dict[str, An
                           f"{s.leftover_k} cores, whose fp32 partial sums go down a chain to the last, which stores it "
                           "(those cores share their K piece's A tiles over the ring)",
                 "why": f"every core gets the same work: estimated {best.est.total_s * 1e6:.2f} us{vs}"}
-    from .plan import leftover_ways
     g = leftover_ways(p, s)
     other = _best_tiles(p, replace(s, leftover_k=g), cfg) if g else None
     why = (f"estimated {best.est.total_s * 1e6:.2f} us against {other.est.total_s * 1e6:.2f} us with the leftover "
