@@ -139,3 +139,18 @@ def test_eager_mm_on_the_device_with_the_leftover_split(monkeypatch, tmp_path):
     assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
     texts = [p.read_text() for p in tmp_path.glob("*.decisions.txt")]
     assert any("leftover sticks split by K over 4 cores" in t for t in texts)  # the device's kernel took it
+
+
+def test_leftover_split_with_an_nn_linear_weight():
+    """B as an nn.Linear weight [N, K] sticked on K (transposed in scratchpad), A shared."""
+    from torch_spyre.compiler.codegen.matmul import linear_spec
+
+    M, K, N = 64, 512, 12 * 64
+    w = TensorView.whole("w", StickLayout((N, K), -1, DL))
+    spec = linear_spec(buf("a", (M, K)), w, buf("c", (M, N)), None)
+    prog = generate_plan(spec, Split(1, 1, 8, 1, 2), Tiles(1, 64, 1, 2, False, share="a"), CFG)
+    g = torch.Generator().manual_seed(5)
+    a, weight = (torch.randn(M, K, generator=g) * 0.1).half(), (torch.randn(N, K, generator=g) * 0.1).half()
+    outs, _ = run_on_card(Card(0, CFG), prog, {"a": a, "w": weight})
+    want = dl(a) @ dl(weight).T
+    assert ((outs["c"].float() - want).abs().max() / want.abs().max()).item() < 2e-3
