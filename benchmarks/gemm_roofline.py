@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -51,10 +52,16 @@ def measure(M: int, K: int, N: int, cfg: CardConfig) -> dict:
     s = dec.work_division["split"]
     return {"shape": f"{M}x{K}x{N}", "sim_us": round(t.total_s * 1e6, 1), "op_roofline_us": round(t.roofline_s * 1e6, 1),
             "of_op_roofline": round(t.roofline_fraction, 4), "tflops": round(2 * M * N * K / t.total_s / 1e12, 1),
-            "bound": t.bottleneck, "split": f"m{s['M']} n{s['N_sticks']} k{s['K_split']}",
+            "bound": t.bottleneck, "split": f"m{s['M']} n{s['N_sticks']} k{s['K_split']}" + _leftover(prog),
             "scheme": dec.work_division["operand_sharing"]["scheme"].split(" (")[0],
             "dram_read_mb": round(t.bytes["dram_read"] / 1e6, 1), "ring_mb": round(t.bytes["ring"] / 1e6, 1),
             "host_s": round(time.perf_counter() - t0, 1)}
+
+
+def _leftover(prog) -> str:
+    """A note for the split column when the plan splits its leftover N sticks by K (Split.leftover_k)."""
+    found = re.search(r"leftover sticks split by K over (\d+) cores", prog.metadata["split"])
+    return f" + leftover sticks by K over {found.group(1)}" if found else ""
 
 
 def check(cfg: CardConfig) -> float:
