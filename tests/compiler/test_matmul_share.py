@@ -100,10 +100,10 @@ def test_sharing_needs_a_split_without_k_split():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("M,K,N,floor", [(1024, 4096, 4096, 0.85), (1024, 14336, 4096, 0.84), (2048, 4096, 4096, 0.87),
-                                         (1024, 4096, 14336, 0.81)])
+@pytest.mark.parametrize("M,K,N,floor", [(1024, 4096, 4096, 0.85), (1024, 14336, 4096, 0.92), (2048, 4096, 4096, 0.87),
+                                         (1024, 4096, 14336, 0.84)])
 def test_llm_gemms_against_the_op_roofline(M, K, N, floor):
-    """Measured with benchmarks/gemm_roofline.py (issue 13's targets are higher: see docs/compiler.md)."""
+    """Measured with benchmarks/gemm_roofline.py (its --check enforces issue 13's average over all six)."""
     prog, dec = build_matmul(mm(M, K, N), CFG)
     t = time_program(prog, CFG)
     assert dec.work_division["operand_sharing"]["scheme"].startswith("A forwarded")
