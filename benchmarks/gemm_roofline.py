@@ -2,7 +2,8 @@
 
     python benchmarks/gemm_roofline.py            # the table (markdown), then the same rows as JSON
     python benchmarks/gemm_roofline.py --check    # also run a smaller shared-operand GEMM on the card vs torch,
-                                                  # and exit 1 when no GEMM may be under 75 % or GEMV under 95 %
+                                                  # and exit 1 when the GEMMs average under 85 %, a GEMM is
+                                                  # under 75 % or a GEMV under 95 %
 
 Simulated device time of the generated program on the default card (card/timing/, deterministic): the
 programs are built and timed, never executed on the host (the --check shape is executed). op roofline =
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -50,10 +52,16 @@ def measure(M: int, K: int, N: int, cfg: CardConfig) -> dict:
     s = dec.work_division["split"]
     return {"shape": f"{M}x{K}x{N}", "sim_us": round(t.total_s * 1e6, 1), "op_roofline_us": round(t.roofline_s * 1e6, 1),
             "of_op_roofline": round(t.roofline_fraction, 4), "tflops": round(2 * M * N * K / t.total_s / 1e12, 1),
-            "bound": t.bottleneck, "split": f"m{s['M']} n{s['N_sticks']} k{s['K_split']}",
+            "bound": t.bottleneck, "split": f"m{s['M']} n{s['N_sticks']} k{s['K_split']}" + _leftover(prog),
             "scheme": dec.work_division["operand_sharing"]["scheme"].split(" (")[0],
             "dram_read_mb": round(t.bytes["dram_read"] / 1e6, 1), "ring_mb": round(t.bytes["ring"] / 1e6, 1),
             "host_s": round(time.perf_counter() - t0, 1)}
+
+
+def _leftover(prog) -> str:
+    """A note for the split column when the plan splits its leftover N sticks by K (Split.leftover_k)."""
+    found = re.search(r"leftover sticks split by K over (\d+) cores", prog.metadata["split"])
+    return f" + leftover sticks by K over {found.group(1)}" if found else ""
 
 
 def check(cfg: CardConfig) -> float:
@@ -99,7 +107,9 @@ def main() -> None:
         summary["check_rel_err"] = check(cfg)
         print(f"check: 256x512x1024 with A shared over the ring, executed on the card: max error "
               f"{summary['check_rel_err']:.1e} of the largest output")
-        # The targets met so far are enforced; the GEMM average (85 %) is not met yet (docs/compiler.md).
+        if summary["gemm_average"] < TARGETS["gemm_average"]:
+            failed.append(f"the GEMMs average {100 * summary['gemm_average']:.1f} % of the op roofline, under "
+                          f"{100 * TARGETS['gemm_average']:.0f} %")
         if summary["gemm_min"] < TARGETS["gemm_each"]:
             failed.append(f"a GEMM at {100 * summary['gemm_min']:.1f} % of the op roofline, under "
                           f"{100 * TARGETS['gemm_each']:.0f} %")

@@ -50,7 +50,7 @@ from ...core_count import CoreCount, cores_for, dma_cycles
 from ...decisions import BufferDecision, KernelDecisions
 from .cost import Estimate, _core_dram_bytes, estimate
 from .emit import generate_plan
-from .plan import Split, Tiles, _assign, _buffers, _core_shape
+from .plan import Split, Tiles, _assign, _buffers, _core_shape, leftover_ways
 from .search import (Plan, _best_tiles, _core_span, _span_ok, cached_rank_plans, first_fit, naive_split,
                      plan_for_split, rank_plans)
 from .spec import (
@@ -127,14 +127,19 @@ def build_matmul(spec: MatmulSpec, config: CardConfig, verify_top: int = 0) -> t
         simulated = {position[id(ranked[i])]: t for i, t in simulated.items()}
         programs = {0: programs[best]}
         ranked = reordered
-    scheme_note = None
+    scheme_note = leftover_note = None
     if not simulated:
-        ranked, programs, simulated, scheme_note = _settle_scheme(spec, config, ranked)
+        ranked, programs, leftover_note = _settle_leftover(spec, config, ranked)
+        ranked, more, simulated, scheme_note = _settle_scheme(spec, config, ranked)
+        programs = more if more else programs
     best = ranked[0]
     program = programs[0] if 0 in programs else generate_plan(spec, best.split, best.tiles, config)
     decisions = _decisions(spec, config, ranked, simulated)
     if scheme_note:
         decisions.work_division["operand_sharing"]["settled"] = scheme_note
+    if leftover_note:  # the chosen split may have no leftover sticks at all
+        record = decisions.work_division["leftover_sticks"] or {"scheme": "none: N divides equally over the cores"}
+        decisions.work_division["leftover_sticks"] = {**record, "settled": leftover_note}
     decisions.core_count = count.to_dict()
     if thinner is not None:
         c, t, t_rule = thinner
@@ -188,6 +193,25 @@ def _settle_scheme(spec: MatmulSpec, config: CardConfig, ranked: list[Plan]):
     return order, {0: progs[i]}, {}, note
 
 
+def _settle_leftover(spec: MatmulSpec, config: CardConfig, ranked: list[Plan]):
+    """When the cheapest plan splits the leftover N sticks by K (``Split.leftover_k``), it and the cheapest
+    plan that does not are timed on the card and the faster kept: the estimate sees neither the leftover
+    pass's own A stream nor its partial-sum chain (768x384x1536: estimated 72.65 us against 72.97 us for
+    24 cores of a stick each, timed 69.21 us against 56.8 us)."""
+    first = ranked[0]
+    plain = [c for c in ranked[1:] if c.split.leftover_k == 1]  # the same operand scheme's first, if any
+    other = next((c for c in plain if c.tiles.share == first.tiles.share), plain[0] if plain else None)
+    if first.split.leftover_k == 1 or other is None:
+        return ranked, {}, None
+    progs = [generate_plan(spec, c.split, c.tiles, config) for c in (first, other)]
+    times = [_simulated_s(prog, config) for prog in progs]
+    i = 1 if times[1] < times[0] else 0
+    order = [other, first] + [c for c in ranked[1:] if c is not other] if i else ranked
+    note = (f"timed on the card: {first.split} {times[0] * 1e6:.2f} us, {other.split} {times[1] * 1e6:.2f} us "
+            "(the cheapest plan without it, of the same operand scheme where there is one); the faster kept")
+    return order, {0: progs[i]}, note
+
+
 def _other_scheme(ranked: list[Plan]) -> Plan | None:
     """The cheapest plan whose operands travel the other way than the cheapest plan's."""
     shared = ranked[0].tiles.share == "a"
@@ -236,6 +260,7 @@ def _decisions(spec: MatmulSpec, cfg: CardConfig, ranked: list[Plan],
             d.buffers.append(BufferDecision(bound.name, kind, bound.layout.describe()))
     d.work_division = {"cores": s.cores, "split": {"batch": s.batch, "M": s.m, "N_sticks": s.n, "K_split": s.k},
                        "operand_sharing": _sharing_decision(p, cfg, best),
+                       "leftover_sticks": _leftover_decision(p, cfg, best),
                        "k_partners": "adjacent ring stops" if s.k > 1 else "none",
                        "k_network": t.network if s.k > 1 else None,
                        "max_core_span_bytes": max(_core_span(p, w) for w in work)}
@@ -288,6 +313,27 @@ def _sharing_decision(p: _Problem, cfg: CardConfig, best: Plan) -> dict[str, Any
         return {"scheme": "each core loads its own operands", "why": f"sharing not possible: {reason}"}
     return {"scheme": "each core loads its own operands",
             "why": "the estimate's cheapest tiles for this split load A on every core (sharing estimated no cheaper)"}
+
+
+def _leftover_decision(p: _Problem, cfg: CardConfig, best: Plan) -> dict[str, Any] | None:
+    """How N sticks that do not divide equally over the cores are dealt (None when they do), and why: the
+    chosen plan's estimate against the best of the same split dealt the other way."""
+    s = best.split
+    q, r = divmod(p.n_units, s.n)
+    if r == 0 or s.n == 1:
+        return None
+    if s.leftover_k > 1:
+        other = _best_tiles(p, replace(s, leftover_k=1), cfg) if _assign(p, replace(s, leftover_k=1), cfg) else None
+        vs = f" against {other.est.total_s * 1e6:.2f} us with uneven pieces" if other else ""
+        return {"scheme": f"every core takes {q} sticks; each of the {r} leftover sticks is split by K over "
+                          f"{s.leftover_k} cores, whose fp32 partial sums go down a chain to the last, which stores it "
+                          "(those cores share their K piece's A tiles over the ring)",
+                "why": f"every core gets the same work: estimated {best.est.total_s * 1e6:.2f} us{vs}"}
+    g = leftover_ways(p, s)
+    other = _best_tiles(p, replace(s, leftover_k=g), cfg) if g else None
+    why = (f"estimated {best.est.total_s * 1e6:.2f} us against {other.est.total_s * 1e6:.2f} us with the leftover "
+           f"sticks split by K over {g} cores" if other else "splitting the leftover sticks by K does not apply here")
+    return {"scheme": "uneven pieces: the first cores take one stick more (or equal pieces, the last short)", "why": why}
 
 
 def _layout_notes(p: _Problem, spec: MatmulSpec, cfg: CardConfig, best: Plan) -> list[str]:

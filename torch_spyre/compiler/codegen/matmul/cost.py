@@ -82,6 +82,9 @@ def _split_traffic(p: _Problem, s: Split, cfg: CardConfig) -> _SplitTraffic:
             nxt = w.group[w.partner + 1]
             for l in costs.ring_path(w.core, nxt, n) + costs.ring_path(nxt, w.core, n):
                 pairs[l] = pairs.get(l, 0) + 1
+        if w.extra is not None and w.extra[4] < len(w.extra[5]) - 1:  # a leftover stick's partial sum, once
+            for l in costs.ring_path(w.core, w.extra[5][w.extra[4] + 1], n):
+                link_other[l] = link_other.get(l, 0) + _leftover_partial_bytes(p, w)
     return _SplitTraffic(work, a, other, writes, link_a, link_other, pairs)
 
 
@@ -105,7 +108,7 @@ def estimate(p: _Problem, s: Split, t: Tiles, cfg: CardConfig, traffic: _SplitTr
     fill, drain = _fill_seconds(sh, len(tr.work), cfg), _drain_seconds(p, s, t, sh, len(tr.work), cfg)
     if t.share == "a":
         fill += _chain_lag(sh, tr, cfg)
-    exposed = _exposed_latency(p, t, sh, cfg, steady["pe"])
+    exposed = _exposed_latency(p, t, sh, cfg, steady["pe"]) + _boundary_stall(p, t, sh, len(tr.work), cfg, steady["pe"])
     tiles = sh.n_tiles * (1 if p.b_shared else sh.groups)
     if not t.acc_double and tiles > 1:
         exposed += (tiles - 1) * drain  # each tile's epilogue now runs alone, like the last one's
@@ -138,7 +141,7 @@ def lower_bound(p: _Problem, s: Split, cfg: CardConfig, tr: _SplitTraffic, t: Ti
         floor = tr.memo[("floor",)] = _floors(p, s, cfg, tr)
     compute, memory = floor
     if t is not None:
-        n_tiles = -(-tr.work[0].ncols[1] // (t.nt * UNIT))
+        n_tiles = -(-tr.work[0].ncols[1] // (t.nt * UNIT)) + (tr.work[0].extra is not None)
         key = ("memory", t.a_resident, t.network, n_tiles, t.share)
         parts = tr.memo.get(key)
         if parts is None:
@@ -165,6 +168,9 @@ def _floors(p: _Problem, s: Split, cfg: CardConfig, tr: _SplitTraffic) -> tuple[
     rows = w.rows[1] * (w.batches[1] if p.b_shared else 1)
     weight_tiles = costs.ceil_div(w.kcols[1], cfg.pe_rows) * costs.ceil_div(
         w.ncols[1], cfg.pe_cols * costs.pe_simd(cfg, "dlfloat16"))
+    if w.extra is not None:
+        weight_tiles += costs.ceil_div(w.extra[3], cfg.pe_rows) * costs.ceil_div(
+            w.extra[1], cfg.pe_cols * costs.pe_simd(cfg, "dlfloat16"))
     groups = 1 if p.b_shared else w.batches[1]
     pe = costs.ceil_div(rows * weight_tiles, cfg.corelets_in_use) * groups / cfg.clock_hz
     one_pass = Tiles(1, max(1, w.rows[1]), 1, 1, True)  # A resident: read once (the vector part needs only that)
@@ -177,6 +183,11 @@ def _pe_seconds(p: _Problem, t: Tiles, sh: _Shape, w: _CoreWork, cfg: CardConfig
     rows = _counted(_row_pieces(p, t, w))
     kp, np_ = _counted(_pieces(w.kcols[1], sh.kt_el)), _counted(_pieces(w.ncols[1], sh.nt_el))
     per_pass = sum(costs.pe_matmul_cycles(cfg, r, k, n) * cr * ck * cn for r, cr in rows for k, ck in kp for n, cn in np_)
+    if w.extra is not None:  # the leftover piece: its K range in the pieces the K tiles cut it into
+        n0, nn, k0, kn = w.extra[:4]
+        xk = _counted([min(k0 + kn, a + sh.kt_el) - max(k0, a) for a in range(0, w.kcols[1], sh.kt_el)
+                       if a < k0 + kn and k0 < a + sh.kt_el])
+        per_pass += sum(costs.pe_matmul_cycles(cfg, r, k, nn) * cr * ck for r, cr in rows for k, ck in xk)
     return per_pass * (1 if p.b_shared else sh.groups) / cfg.clock_hz
 
 
@@ -184,6 +195,11 @@ def _vector_seconds(p: _Problem, s: Split, t: Tiles, sh: _Shape, w: _CoreWork, c
     """Epilogue ops (fp32), K-split adds and in-scratchpad transposes of the core."""
     elems_out = sh.group_rows * w.ncols[1] * (1 if p.b_shared else sh.groups)
     vec = 0
+    if w.extra is not None:  # the leftover stick: its last core's epilogue; the others' partial-sum adds
+        last = w.extra[4] == len(w.extra[5]) - 1
+        elems_out += sh.group_rows * w.extra[1] if last else 0
+        if w.extra[4] > 0:
+            vec += costs.vector_cycles(cfg, sh.group_rows * w.extra[1], 4)
     for op in p.epilogue_steps or (["cast"] if p.needs_epilogue else []):
         vec += costs.vector_cycles(cfg, elems_out, 4, transcendental=op in TRANSCENDENTAL_OPS)
     if s.k > 1:
@@ -310,6 +326,21 @@ def _exposed_latency(p: _Problem, t: Tiles, sh: _Shape, cfg: CardConfig, pe_s: f
     return loads * max(0.0, cfg.dram_latency_s - per_matmul)
 
 
+def _boundary_stall(p: _Problem, t: Tiles, sh: _Shape, cores: int, cfg: CardConfig, pe_s: float) -> float:
+    """With A shared and streamed: from the second N tile boundary on, every core stores the tile before
+    and loads its next B tiles at the boundary, and the row's one A load gets a 1/cores share of the DRAM
+    (max-min fair); the whole row waits for it, less what the third A buffer's two-tile head start hides.
+    (At the first boundary no stores are in flight yet: the first tile's epilogue runs behind the second
+    tile's matmuls. The card's timing: 1024x4096x14336 lost about 50 us at each of its 5 later boundaries.)"""
+    if t.share != "a" or t.a_resident or sh.n_tiles < 3:
+        return 0.0
+    a_tile = sh.tile_rows * sh.kt_el * 2
+    matmuls = sh.row_tiles * sh.k_tiles * sh.n_tiles
+    ahead = 2 * pe_s / max(1, matmuls)
+    per = max(0.0, a_tile * (cores - 1) / cfg.dram_read_bandwidth - ahead)
+    return per * (sh.n_tiles - 2)
+
+
 def _row_pieces(p: _Problem, t: Tiles, w: _CoreWork) -> list[int]:
     """Rows of each A tile one core streams per (K tile, N tile) pass."""
     ms = _pieces(w.rows[1], t.mt)
@@ -334,15 +365,32 @@ def _core_dram_bytes(p: _Problem, s: Split, w: _CoreWork) -> tuple[int, int, int
         b = groups * k_el * _round(n_el, p.b.layout.lanes) * 2
     stores = w.partner in (0, s.k - 1)
     share = 1.0 if s.k == 1 else 0.5  # the two ends of a chain each finish half the chunks
-    out = nb * nm * _round(n_el, p.out.layout.lanes) * p.out.layout.itemsize * share if stores else 0
+    out, addends = _out_bytes(p, nb, nm, n_el, share) if stores else (0.0, 0.0)
+    if w.extra is not None:  # the leftover piece: its B slice; the stick's output on the chain's last core
+        _, xn, _, xk, i, chain = w.extra
+        b += xk * _round(xn, p.b.layout.lanes) * 2
+        if i == len(chain) - 1:
+            xo, xa = _out_bytes(p, nb, nm, xn, 1.0)
+            out, addends = out + xo, addends + xa
+    return a, b + int(addends), int(out)
+
+
+def _out_bytes(p: _Problem, nb: int, nm: int, n_el: int, share: float) -> tuple[float, float]:
+    """Bytes of output stored and of bias/residual/norm rows read for a box of nb x nm rows, n_el columns."""
+    out = nb * nm * _round(n_el, p.out.layout.lanes) * p.out.layout.itemsize * share
     addends = 0.0
     for x in (p.bias, p.residual, p.norm_weight, p.norm_bias):
-        if x is not None and stores:
+        if x is not None:
             if x.lane_dim == 1:  # sticked on M: N rows of M sticks per batch
                 addends += (nb if x.strides[0] else 1) * n_el * _round(nm, x.layout.lanes) * x.layout.itemsize * share
                 continue
             rows = (nb if x.strides[0] else 1) * (nm if x.strides[1] else 1)
             addends += rows * _round(n_el, x.layout.lanes) * x.layout.itemsize * share
-    return a, b + int(addends), int(out)
+    return out, addends
+
+
+def _leftover_partial_bytes(p: _Problem, w: _CoreWork) -> int:
+    """The fp32 partial sum of a leftover stick one core passes on: its rows x one stick."""
+    return w.batches[1] * w.rows[1] * UNIT * 4
 
 

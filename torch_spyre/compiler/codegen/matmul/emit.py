@@ -11,7 +11,7 @@ the epilogue and stores. Receive buffers are reused with credit tokens (signal/w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ....card.config import CardConfig
 from ....program import (
@@ -42,7 +42,11 @@ from .plan import (
     _round,
     _row_tiles,
 )
-from .share import share_a
+from .share import forwarding, rows_sharing_a, share_a
+
+# A leftover stick's partial sums (+ 1: their credit, + 2: A buffers free for the main row), and the
+# leftover pieces' shared A tiles (K-split chain: 0 and 1, the main row's shared A: 2 and 16+).
+LEFTOVER_TAG, X_TAG, X_CREDIT_TAG = 4, 8, 32
 from .spec import DL, F32, UNIT, MatmulSpec, MatmulSpecError, _Bound, _check, _Problem
 
 
@@ -57,6 +61,11 @@ class _Emitter:
         self.ins: list[Instruction] = []
         self.toggles: dict[str, int] = {}
         self.a_loads: list[int] = []  # where the A loads are (share.py forwards them over the ring)
+        self.x_loads: list[int] = []  # the leftover piece's own A loads, shared by the cores of its K piece
+        # With both shared: the main row's forwarding neighbours (set by generate_plan), which must not
+        # send main tiles into A buffers the leftover piece still uses.
+        self.main_prev: int | None = None
+        self.main_succs: list[int] = []
 
     def buf(self, name: str) -> int:
         """Cycle through name0, name1 (and name2 where there is one): double (triple) buffering."""
@@ -77,6 +86,10 @@ class _Emitter:
         for batch in passes:
             rts = self.row_tiles(batch)
             resident: dict[tuple[int, int], int] = {}
+            if self.w.extra is not None:  # first: its partial sums travel while the other tiles run
+                pending = self.leftover(batch, rts, k_tiles, resident, pending)
+                for succ in self.main_succs:  # the successor is done with its leftover A tiles
+                    self.ins.append(Wait(succ, tag=LEFTOVER_TAG + 2))
             for n0, nn in n_tiles:
                 acc = self.buf("acc")
                 self.zero_acc_pad(acc, rts, nn)
@@ -91,10 +104,59 @@ class _Emitter:
                 if "acc1" not in self.off:  # one accumulator: its epilogue must finish before reuse
                     self.epilogue(*pending)
                     pending = None
-            self.forward_only(rts, len(n_tiles), len(k_tiles), resident)
+            self.forward_only(rts, len(n_tiles) + (self.w.extra is not None), len(k_tiles), resident)
         if pending is not None:
             self.epilogue(*pending)
         return self.ins
+
+    def leftover(self, batch: int | None, rts, k_tiles, resident: dict, pending):
+        """The leftover stick's K piece (``Split.leftover_k``), before the core's other tiles: the A tiles of
+        its K range only (streamed and shared: loaded once per K piece and forwarded among the cores with
+        that piece, ``x_loads``; resident: every tile, which the other tiles reuse). Then the partial sum
+        goes down the chain of the stick's cores: each adds the one it receives and sends the sum on; the
+        last finishes the stick (its epilogue is returned as pending)."""
+        n0, nn, k0, kn, i, chain = self.w.extra
+        acc = self.buf("acc")
+        self.zero_acc_pad(acc, rts, nn)
+        started = False
+        own = not self.t.a_resident
+        if own:
+            main_loads, self.a_loads = self.a_loads, self.x_loads
+        for kk, (tk0, tkn) in enumerate(k_tiles):
+            lo, hi = max(tk0, k0), min(tk0 + tkn, k0 + kn)
+            mine = lo < hi
+            if not mine and own:
+                continue  # only the A tiles it multiplies
+            b_off = self.load_b(batch, lo, hi - lo, n0, nn) if mine else 0
+            for j, rt in enumerate(rts):
+                a_off = self.load_a(rt, kk, tk0, tkn, j, resident)
+                if mine:  # the piece's columns of the A tile: a strided view of its rows
+                    self.matmul(acc, rt, a_off + (lo - tk0) * 2, b_off, hi - lo, nn, started)
+            started = started or mine
+        if own:
+            self.a_loads = main_loads
+        if self.main_prev is not None:  # its A buffers are free for the main row's tiles (after the above)
+            self.ins.append(Signal(self.main_prev, tag=LEFTOVER_TAG + 2))
+        if pending is not None:  # the previous tile's epilogue runs behind these matmuls
+            self.epilogue(*pending)
+        rows = sum(nb * nm for _, nb, _, nm, _ in rts)
+        elems = rows * _round(nn, UNIT)
+        # The partial sum lands in the other accumulator once the previous tile's epilogue is done with it
+        # (every core of the chain has as many tiles, so the same one): the receiver says so with a credit.
+        # With one accumulator, in a buffer of its own.
+        spare = self.off["xrecv"] if "xrecv" in self.off else self.off["acc1" if acc == self.off["acc0"] else "acc0"]
+        if i > 0:
+            if "xrecv" not in self.off:
+                self.ins.append(Signal(chain[i - 1], tag=LEFTOVER_TAG + 1))
+            self.ins.append(RingRecv(chain[i - 1], tag=LEFTOVER_TAG))
+            whole = SpTensor(acc, F32, (elems,))
+            self.ins.append(Elementwise("add", whole, (whole, SpTensor(spare, F32, (elems,)))))
+        if i < len(chain) - 1:
+            if "xrecv" not in self.off:
+                self.ins.append(Wait(chain[i + 1], tag=LEFTOVER_TAG + 1))
+            self.ins.append(RingSend(chain[i + 1], acc, spare, elems * 4, tag=LEFTOVER_TAG))
+            return None
+        return (acc, rts, n0, nn)
 
     def forward_only(self, rts, n_tiles: int, k_tiles: int, resident: dict) -> None:
         """With A shared over the ring and uneven N pieces, a narrower core has fewer N tiles than the row's
@@ -357,15 +419,31 @@ def generate_plan(spec: MatmulSpec, split: Split, tiles: Tiles, config: CardConf
     offsets = {b.name: b.offset for b in sp_plan.buffers}
     uses = _count_chain_uses(p, split, tiles, work, offsets, config) if split.k > 1 else {}
     slots = _Slots(offsets, uses, sh.recv_slots, sh.chunk_rows * sh.nt_el * 4, config.num_cores)
-    cores, a_loads = {}, {}
+    cores, a_loads, x_loads = {}, {}, {}
+    # Leftover pieces with A shared and streamed: the main row's hops, so that no core sends main tiles
+    # into buffers its successor's leftover piece still reads (the successor signals when done).
+    both = tiles.share == "a" and split.leftover_k > 1 and not tiles.a_resident
+    prev, succs = {}, {}
+    if both:
+        for row in rows_sharing_a(work, config, at_memory=True):
+            for u, v in forwarding(row)[1]:
+                prev[v] = u
+                succs.setdefault(u, []).append(v)
     for w in work:
         em = _Emitter(p, split, tiles, w, offsets, config, slots, sh.n_tiles)
+        em.main_prev, em.main_succs = prev.get(w.core), succs.get(w.core, [])
         cores[w.core], a_loads[w.core] = em.run(), em.a_loads
+        x_loads[w.core] = [cores[w.core][i] for i in em.x_loads]
     meta = {"kind": spec.kind, "split": str(split), "tiles": str(tiles)}
     if tiles.share == "a":
         if split.k > 1:
             raise MatmulSpecError("sharing A over the ring needs a split without a K-split")
         cores, notes = share_a(cores, a_loads, work, config, at_memory=True)
+        if both:  # the leftover pieces' A tiles: shared by the cores with the same K piece
+            at = {c: [i for i, x in enumerate(ins) if any(x is y for y in x_loads[c])] for c, ins in cores.items()}
+            pieces = [replace(w, kcols=w.extra[2:4]) for w in work]
+            cores, more = share_a(cores, at, pieces, config, tag=X_TAG, credit_tag=X_CREDIT_TAG, at_memory=True)
+            notes += more
         if notes:
             meta["share_notes"] = notes
     _check_spans(p, cores, config)

@@ -30,13 +30,18 @@ class Split:
     m: int
     n: int
     k: int
+    # N sticks that do not divide equally over the ``n`` cores: 1 gives the larger pieces to the first
+    # cores (``_n_chunks``); g > 1 gives every core q sticks and splits each of the r leftover sticks by K
+    # over g = n / r cores, whose partial sums meet on the last of them (``_leftover``).
+    leftover_k: int = 1
 
     @property
     def cores(self) -> int:
         return self.batch * self.m * self.n * self.k
 
     def __str__(self) -> str:
-        return f"b{self.batch} m{self.m} n{self.n} k{self.k}"
+        extra = f" (leftover sticks split by K over {self.leftover_k} cores)" if self.leftover_k > 1 else ""
+        return f"b{self.batch} m{self.m} n{self.n} k{self.k}{extra}"
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,9 @@ class _CoreWork:
     kcols: tuple[int, int]  # K elements
     partner: int  # index among K-split partners
     group: tuple[int, ...]  # the partners' cores, in ring order
+    # With ``Split.leftover_k`` > 1: one more N tile, (N start, N elements, K start, K elements, index among
+    # the cores sharing that stick, those cores in chain order); its partial sum goes down the chain.
+    extra: tuple[int, int, int, int, int, tuple[int, ...]] | None = None
 
 
 def _row_align(p: _Problem) -> int:
@@ -97,6 +105,8 @@ def _assign(p: _Problem, s: Split, cfg: CardConfig) -> list[_CoreWork] | None:
     (:func:`~torch_spyre.compiler.placement.partner_groups`)."""
     bs = _chunks(p.batch, s.batch)
     ms = _chunks(p.M, s.m, _row_align(p))
+    if s.leftover_k > 1:
+        return _assign_leftover(p, s, cfg, bs, ms)
     ns = [(a * UNIT, min(n * UNIT, p.N - a * UNIT)) for a, n in _n_chunks(p.n_units, s.n)]
     ks = [(a * UNIT, min(n * UNIT, p.K - a * UNIT)) for a, n in _chunks(p.k_units, s.k)]
     if (len(bs), len(ms), len(ns), len(ks)) != (s.batch, s.m, s.n, s.k):
@@ -110,6 +120,43 @@ def _assign(p: _Problem, s: Split, cfg: CardConfig) -> list[_CoreWork] | None:
                 work += [_CoreWork(group[q], b, m, n, k, q, group) for q, k in enumerate(ks)]
     return work
 
+
+
+def leftover_ways(p: _Problem, s: Split) -> int:
+    """Cores per leftover stick when every core takes q = N sticks // n and the r leftover sticks are
+    split by K (g = n / r cores each, so every core gets one piece); 0 when that does not apply: N divides
+    equally, r does not divide n, K has fewer sticks than g, a K-split, batches (one pass over B only)."""
+    q, r = divmod(p.n_units, s.n)
+    if r == 0 or q == 0 or s.n % r or s.k > 1 or p.batch > 1 or p.has_norm:
+        return 0
+    g = s.n // r
+    return g if 2 <= g <= p.k_units else 0
+
+
+def _assign_leftover(p: _Problem, s: Split, cfg: CardConfig, bs, ms) -> list[_CoreWork] | None:
+    """``_assign`` with ``s.leftover_k`` > 1: core i of each row takes sticks [q*i, q*(i+1)) over all of K,
+    plus K piece i // r of leftover stick q*n + i % r (cores in the ring order of ``partner_groups``). The
+    cores with the same K piece are then neighbours (they share its A tiles over the ring, ``emit``); a
+    stick's g cores, r stops apart, pass its partial sum down the chain in K piece order."""
+    g = leftover_ways(p, s)
+    if g != s.leftover_k or len(bs) != s.batch or len(ms) != s.m:
+        return None
+    q = p.n_units // s.n
+    kp = [(a * UNIT, min(n * UNIT, p.K - a * UNIT)) for a, n in _chunks(p.k_units, g)]
+    if len(kp) != g:
+        return None
+    groups = iter(partner_groups(s.cores, 1, cfg))
+    work = []
+    for b in bs:
+        for m in ms:
+            cores = [next(groups)[0] for _ in range(s.n)]
+            for i, core in enumerate(cores):
+                r = s.n // g
+                stick = q * s.n + i % r
+                chain = tuple(cores[i % r::r])
+                extra = (stick * UNIT, min(UNIT, p.N - stick * UNIT), *kp[i // r], i // r, chain)
+                work.append(_CoreWork(core, b, m, (i * q * UNIT, q * UNIT), (0, p.K), 0, (core,), extra))
+    return work
 
 
 UNEVEN_N_MAX = 1.25  # uneven N pieces: the largest at most this many times the average
@@ -155,6 +202,9 @@ def _splits(p: _Problem, cfg: CardConfig) -> list[Split]:
                     s = Split(pb, pm, pn, pk)
                     if _assign(p, s, cfg) is not None:
                         out.append(s)
+                    g = leftover_ways(p, s)
+                    if g and _assign(p, (x := Split(pb, pm, pn, pk, g)), cfg) is not None:
+                        out.append(x)  # the leftover sticks split by K instead of uneven pieces: equal work
     return out
 
 
@@ -188,8 +238,9 @@ def _core_shape(p: _Problem, s: Split, t: Tiles, w: _CoreWork) -> _Shape:
     if s.k > 1:
         rts = _row_tiles(p, t, w, None if p.b_shared else w.batches[0])
         slots = 2 * -(-len(_epilogue_chunks(rts, chunk_rows)) // 2)
+    n_tiles = -(-w.ncols[1] // (t.nt * UNIT)) + (w.extra is not None)  # the leftover piece: one more tile
     return _Shape(groups, group_rows, t.kt * UNIT, t.nt * UNIT, tile_rows, chunk_rows,
-                  -(-w.ncols[1] // (t.nt * UNIT)), -(-w.kcols[1] // (t.kt * UNIT)), row_tiles, slots)
+                  n_tiles, -(-w.kcols[1] // (t.kt * UNIT)), row_tiles, slots)
 
 
 def _chunk_rows(t: Tiles, s: Split) -> int:
@@ -232,6 +283,8 @@ def _buffers(p: _Problem, s: Split, t: Tiles, sh: _Shape, room: int | None = Non
         bufs += [SpBuffer("ln_sq", chunk * nt * 4), SpBuffer("ln_mean", chunk * 4), SpBuffer("ln_rstd", chunk * 4)]
     if s.k > 1:  # receive slots from the upstream neighbour of each direction
         bufs += [SpBuffer(f"recv{d}", sh.recv_slots * chunk * nt * 4) for d in range(2)]
+    if s.leftover_k > 1 and n_acc == 1:  # the upstream partial sum of the leftover stick (else: the other acc)
+        bufs.append(SpBuffer("xrecv", sh.group_rows * UNIT * 4))
     if room is not None and _a_buffers(t) == 3:
         third = SpBuffer("a2", rows * kt * 2)
         if sum(b.aligned_bytes for b in bufs) + third.aligned_bytes <= room:

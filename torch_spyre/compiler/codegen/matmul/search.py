@@ -46,7 +46,10 @@ def _candidate_tiles(p: _Problem, s: Split, cfg: CardConfig, sharing: bool = Tru
         # tiles fit (4096^3 2,271.2 -> 2,209.1 us, 512x4096x12800 1,073.3 -> 1,018.5 us); a decode GEMV
         # (1 row) given them streams twice the instructions for nothing (221.3 -> 221.7 us, under 95 %).
         least = 2 if nb * nm >= 64 else 4
-        kts += [d for d in sorted(_divisors(ku), reverse=True) if d < kts[-1] and d >= least][:3]
+        divs = [d for d in sorted(_divisors(ku), reverse=True) if d < kts[-1] and d >= least]
+        # ... and the smallest (a long K's equal pieces stop at 19 sticks, its 3 largest divisors below at 8:
+        # 1024x14336x4096 with 171-row tiles of 16 sticks 1,994.8 us, with 342-row tiles of 2 1,849.4 us)
+        kts += divs[:3] + [d for d in divs[3:] if d <= 2 * least]
     elif p.has_norm:  # whole rows of N per B tile: a wide N (4096) fits only with K tiles of few sticks
         kts += [d for d in (4, 2, 1) if d < kts[-1]]
     for nt in ([nu] if p.has_norm else _tile_options(nu, limit)):  # a norm needs whole rows in one tile
@@ -131,11 +134,16 @@ def _core_span(p: _Problem, w: _CoreWork) -> int:
     boxes = [(p.a, (b0, m0, k0), (nb, nm, nk)), (p.b, (b0, k0, n0), (nb, nk, nn))]
     boxes += [(x, (b0, m0, n0), (nb, nm, nn)) for x in (p.out, p.bias, p.residual, p.norm_weight, p.norm_bias)
               if x is not None]
-    total = 0
+    if w.extra is not None:  # the leftover piece: its B slice and (on any core of the chain) its output
+        xn0, xnn, xk0, xkn = w.extra[:4]
+        boxes.append((p.b, (b0, xk0, xn0), (nb, xkn, xnn)))
+        boxes += [(x, (b0, m0, xn0), (nb, nm, xnn)) for x in (p.out, p.bias, p.residual) if x is not None]
+    hull: dict[int, tuple[int, int]] = {}  # per operand: the lowest and highest byte addressed
     for bound, lo, n in boxes:
         start, end = bound.span(lo, n)
-        total += end - start
-    return total
+        old = hull.get(id(bound), (start, end))
+        hull[id(bound)] = (min(old[0], start), max(old[1], end))
+    return sum(end - start for start, end in hull.values())
 
 
 def rank_plans(spec: MatmulSpec, config: CardConfig, top: int | None = None, keep: int | None = None,
