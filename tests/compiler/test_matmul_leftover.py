@@ -89,6 +89,33 @@ def test_search_offers_the_scheme_and_records_it():
     assert "leftover sticks split by K" in str(Split(1, 1, 8, 1, 2))
 
 
+def test_switched_off_the_search_offers_only_uneven_pieces():
+    from torch_spyre.compiler import optimizations
+
+    spec = mm(64, 512, 12 * 64)
+    with optimizations.disabled("matmul_leftover_split"):
+        assert leftover_ways(_check(spec), Split(1, 1, 8, 1)) == 0
+        ranked = rank_plans(spec, CFG)
+        assert ranked and all(c.split.leftover_k == 1 for c in ranked)
+    assert any(c.split.leftover_k > 1 for c in rank_plans(spec, CFG))  # on again: offered (plan cache keyed on it)
+
+
+@pytest.mark.slow
+def test_switched_off_512x2048x2560_takes_no_leftover_split():
+    """On: 32 cores of 1 stick plus a quarter of a leftover stick (timed 159.68 us against 170.09 us for 20
+    cores of 2 sticks); off: no plan splits leftover sticks."""
+    from torch_spyre.compiler import optimizations
+    from torch_spyre.compiler.codegen.matmul import build_matmul
+
+    with optimizations.disabled("matmul_leftover_split"):
+        prog, dec = build_matmul(mm(512, 2048, 2560), CFG)
+    assert "leftover" not in prog.metadata["split"]
+    record = dec.work_division.get("leftover_sticks")
+    assert record is None or "switched off" in record["why"]
+    prog, dec = build_matmul(mm(512, 2048, 2560), CFG)
+    assert "leftover sticks split by K over 4 cores" in prog.metadata["split"]
+
+
 @pytest.mark.slow
 def test_512x4096x12800_splits_its_leftover_sticks_by_k():
     """200 N sticks over 32 cores: 6 each and the 8 leftover sticks split by K over 4 cores each, A shared

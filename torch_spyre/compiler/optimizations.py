@@ -43,6 +43,9 @@ KNOWN: dict[str, str] = {
                  "its intermediate written to device memory and read back",
     "onchip_relayout": "an in-place relayout goes through device memory (a scratch allocation and a copy back) "
                        "instead of through the scratchpads with stick blocks exchanged over the ring",
+    "matmul_leftover_split": "N sticks that do not divide equally over a matmul's cores go as uneven pieces (the "
+                             "first cores one stick more) instead of each leftover stick split by K over several "
+                             "cores, every core then doing the same work",
     "transposed_product": "a matmul read transposed by a kernel that wants it in the other stick layout "
                           "(attention's K from (w @ x.t()).t()) is followed by a transposing copy kernel instead "
                           "of being computed as b.t() @ a.t() in that layout",

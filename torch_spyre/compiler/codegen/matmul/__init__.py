@@ -332,7 +332,9 @@ def _leftover_decision(p: _Problem, cfg: CardConfig, best: Plan) -> dict[str, An
     g = leftover_ways(p, s)
     other = _best_tiles(p, replace(s, leftover_k=g), cfg) if g else None
     why = (f"estimated {best.est.total_s * 1e6:.2f} us against {other.est.total_s * 1e6:.2f} us with the leftover "
-           f"sticks split by K over {g} cores" if other else "splitting the leftover sticks by K does not apply here")
+           f"sticks split by K over {g} cores" if other
+           else "the matmul_leftover_split optimization is switched off" if not optimizations.enabled("matmul_leftover_split")
+           else "splitting the leftover sticks by K does not apply here")
     return {"scheme": "uneven pieces: the first cores take one stick more (or equal pieces, the last short)", "why": why}
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ....card.config import CardConfig
 from ....card.costs import ceil_div
+from ... import optimizations
 from ...placement import partner_groups
 from ...scratchpad import SpBuffer
 from .spec import UNIT, _Problem
@@ -125,9 +126,10 @@ def _assign(p: _Problem, s: Split, cfg: CardConfig) -> list[_CoreWork] | None:
 def leftover_ways(p: _Problem, s: Split) -> int:
     """Cores per leftover stick when every core takes q = N sticks // n and the r leftover sticks are
     split by K (g = n / r cores each, so every core gets one piece); 0 when that does not apply: N divides
-    equally, r does not divide n, K has fewer sticks than g, a K-split, batches (one pass over B only)."""
+    equally, r does not divide n, K has fewer sticks than g, a K-split, batches (one pass over B only), the
+    ``matmul_leftover_split`` optimization switched off."""
     q, r = divmod(p.n_units, s.n)
-    if r == 0 or q == 0 or s.n % r or s.k > 1 or p.batch > 1 or p.has_norm:
+    if not optimizations.enabled("matmul_leftover_split") or r == 0 or q == 0 or s.n % r or s.k > 1 or p.batch > 1 or p.has_norm:
         return 0
     g = s.n // r
     return g if 2 <= g <= p.k_units else 0

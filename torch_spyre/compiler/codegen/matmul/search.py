@@ -193,13 +193,14 @@ plan_cache_stats = {"hits": 0, "misses": 0}
 def plan_key(spec: MatmulSpec, config: CardConfig, keep: int | None, max_cores: int | None = None) -> tuple:
     """Everything :func:`rank_plans` reads: the operands' shapes, strides, storage offsets and layouts (not
     their names), alpha, beta, the kind, the epilogue, the card's configuration, ``keep``, ``max_cores`` and
-    whether ring sharing is switched on."""
+    whether ring sharing and the leftover split are switched on."""
     def anon(view, role: str):
         return None if view is None else replace(view, name=role)
 
     return (anon(spec.a, "a"), anon(spec.b, "b"), anon(spec.out, "out"), anon(spec.bias, "bias"),
             anon(spec.residual, "residual"), spec.alpha, spec.beta, spec.kind, spec.activation, config, keep, max_cores,
-            sharing_enabled(), spec.norm_eps, anon(spec.norm_weight, "norm_weight"), anon(spec.norm_bias, "norm_bias"))
+            sharing_enabled(), optimizations.enabled("matmul_leftover_split"), spec.norm_eps,
+            anon(spec.norm_weight, "norm_weight"), anon(spec.norm_bias, "norm_bias"))
 
 
 def cached_rank_plans(spec: MatmulSpec, config: CardConfig, keep: int | None = None,
