@@ -60,7 +60,7 @@ def test_attentions_transposed_key_is_written_by_its_matmul_in_the_layout_attent
     assert [r.name for r in on_kernels] == ["spyre_mm_x3_0", "spyre_sdpa_1"]
     on_us, off_us = (round(sum(r.length for r in ks) * 1e6, 2) for ks in (on_kernels, off_kernels))
     assert (off_us, on_us) == (91.07, 50.57)
-    assert torch.equal(on, off)  # each output element is the same products summed in the same order
+    assert torch.equal(on, off)  # at this shape both splits sum each element's products in the same order
     assert len(notes) == 1 and notes[0].startswith("kernel spyre_mm_x3_0 (matmul_group)")
     assert "member 1: computed as b^T @ a^T, written once in the layout its reader wants (transposed_product): the " \
            "transposing copy kernel 20.88 us, the product's in-kernel transposes +0.19 us (card timing model)" in notes[0]
@@ -96,3 +96,50 @@ def test_a_product_a_matmul_reads_transposed_is_left_alone():
     # the second matmul reads the first's output through a transposed view (folded, it would read it as is)
     assert "spyre_mm_1.run(a=reinterpret_tensor(buf0, (128, 128), (1, 128), 0), b=arg2_1" in code
     torch.testing.assert_close(out.cpu().float(), chain(*(x.cpu().float() for x in xs)), atol=2e-2, rtol=2e-2)
+
+
+def test_dynamic_shapes_are_not_priced_and_do_not_recompile_per_length():
+    """``dynamic=True``: pricing would fix the symbolic sizes to the first call's (a recompile per length), so
+    a symbolic site is kept, and one graph serves every length."""
+    xs = [x.to("spyre") for x in _inputs(S=256)]
+    fresh()
+    torch._dynamo.utils.counters.clear()
+    fn = torch.compile(_attention_with_kt, dynamic=True)
+    for S in (256, 192, 320):
+        xs = [x.to("spyre") for x in _inputs(S=S)]
+        out = fn(*xs).cpu().float()
+        ref = _attention_with_kt(*(x.cpu().float() for x in xs))
+        torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_product_of_one_transpose_with_itself_is_folded_once():
+    """``xt @ xt`` with ``xt = x.t()``: the shared transpose is erased once (FX warned of erasing an erased
+    node), and the result is right."""
+    import warnings
+
+    def self_product(x, q, v):
+        xt = x.t()
+        return F.scaled_dot_product_attention(q[None, None], (xt @ xt).t()[None, None], v[None, None])[0, 0]
+
+    torch.manual_seed(5)
+    xs = [(torch.randn(64, 64) / 4).half() for _ in range(3)]
+    fresh()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(self_product, dynamic=False)(*(x.to("spyre") for x in xs)).cpu().float()
+    assert not [w for w in caught if "erased" in str(w.message)]
+    torch.testing.assert_close(out, self_product(*(x.float() for x in xs)), atol=2e-2, rtol=2e-2)
+
+
+def test_sites_left_unpriced_say_why():
+    from torch_spyre.compiler.transposed_product import _not_priced
+
+    def t(*shape, dtype=torch.float16):
+        return torch.empty(*shape, dtype=dtype, device="meta")
+
+    assert _not_priced(t(8, 64), t(64, 16), t(8, 16)) is None
+    assert "float32, not priced" in _not_priced(t(8, 64, dtype=torch.float32), t(64, 16, dtype=torch.float32),
+                                                 t(8, 16, dtype=torch.float32))
+    assert "a dim of 1" in _not_priced(t(1, 64), t(64, 16), t(1, 16))
+    assert _not_priced(None, t(64, 16), t(8, 16)) == "no shape recorded"

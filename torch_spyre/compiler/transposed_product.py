@@ -11,7 +11,8 @@ timing model prices both at compile time (the copy as the relayout program of th
 moves the same stick blocks; the matmul both ways, each operand sticked on its unit-stride dim) and the
 rewrite is made only when it is the faster; the figures go into the matmul's decisions (``spyre_note``).
 
-Only 2-D ``aten.mm`` whose one user is the transpose; the transpose's users seen through unsqueezes must
+Only 2-D 16-bit ``aten.mm`` of static shape whose one user is the transpose (others are kept, the
+reason in the matmul's decisions); the transpose's users seen through unsqueezes must
 include a ``spyre::flash_attention`` operand (a ``clone`` keeps its copy kernel either way; a matmul reads
 the transposed view in kernel). Runs in the device's post-grad pass
 before the matmul groups (a folded product reading the group's input joins it), when the
@@ -43,6 +44,11 @@ def fold_transposed_products(gm: torch.fx.GraphModule, config: Any = None) -> li
         if mm is None or not _read_in_other_layout(node):
             continue
         a, b = mm.args
+        skip = _not_priced(_val(a), _val(b), _val(mm))
+        if skip:  # kept, and the matmul's decisions say why
+            mm.meta["spyre_note"] = f"read transposed, kept (then a transposing copy; transposed_product): {skip}"
+            notes.append(f"{mm.name}: {mm.meta['spyre_note']}")
+            continue
         try:
             copy_s, extra_s = _prices(_val(a), _val(b), _val(mm), config)
         except Exception as e:  # noqa: BLE001 - a shape the generators refuse: leave the graph as it is
@@ -61,12 +67,13 @@ def fold_transposed_products(gm: torch.fx.GraphModule, config: Any = None) -> li
             folded = gm.graph.call_function(_aten.mm.default, (bt, at))
             folded.meta["val"] = torch.empty_like(_val(node), memory_format=torch.contiguous_format)
             folded.meta["spyre_note"] = note
-            if "stack_trace" in mm.meta:
-                folded.meta["stack_trace"] = mm.meta["stack_trace"]
+            for k in ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node", "original_aten"):
+                if k in mm.meta:  # provenance, for the debug output and the decisions
+                    folded.meta[k] = mm.meta[k]
         node.replace_all_uses_with(folded)
         gm.graph.erase_node(node)
         gm.graph.erase_node(mm)
-        for x in (a, b):  # a transpose only the old product read
+        for x in dict.fromkeys((a, b)):  # a transpose only the old product read (once, also when a is b)
             if _is_transpose(x) and not x.users:
                 gm.graph.erase_node(x)
         notes.append(f"{mm.name}: {note}")
@@ -75,6 +82,22 @@ def fold_transposed_products(gm: torch.fx.GraphModule, config: Any = None) -> li
         gm.graph.lint()
         gm.recompile()
     return notes
+
+
+def _not_priced(a: Any, b: Any, out: Any) -> str | None:
+    """Why a site is left as it is without pricing, or None: a symbolic size (pricing would specialize a
+    ``dynamic=True`` graph to the current shape: a recompile per shape), a dtype the card's matmul does not
+    take as one 16-bit pass (fp32 runs as several passes of parts, not priced here), or an output with a dim
+    of 1 (its transposed view is already unit-stride in its last dim: attention copies nothing)."""
+    if any(v is None for v in (a, b, out)):
+        return "no shape recorded"
+    if not all(isinstance(d, int) for v in (a, b, out) for d in (*v.shape, *v.stride())):
+        return "a symbolic shape, not priced (that would fix the graph to this call's sizes)"
+    if out.dtype not in (torch.float16, torch.bfloat16):
+        return f"{str(out.dtype).replace('torch.', '')}, not priced (only 16-bit products are)"
+    if 1 in out.shape:
+        return "a dim of 1: its transposed view needs no copy"
+    return None
 
 
 def _transposed(graph: torch.fx.Graph, x: Any) -> Any:
