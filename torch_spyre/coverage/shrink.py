@@ -75,6 +75,20 @@ def sizes(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+MEDIA_TOKEN_FIELDS = ("image_token_id", "image_token_index", "video_token_id", "video_token_index",
+                      "audio_token_id", "audio_token_index")
+
+
+def media_tokens(values: dict[str, Any]) -> dict[str, Any]:
+    """The placeholder token ids of a vision- or audio-language config moved into the shrunken vocab: its top
+    ids, one per distinct id (LLaVA's image token is 32000, past a 256-token vocab; the embedding of the
+    token ids, placeholders included, runs before the image features replace them)."""
+    vocab = SIZES["vocab_size"]
+    ids = sorted({values[k] for k in MEDIA_TOKEN_FIELDS if _int(values.get(k)) and values[k] >= vocab})
+    new = {old: vocab - 1 - i for i, old in enumerate(ids)}
+    return {k: new[values[k]] for k in MEDIA_TOKEN_FIELDS if _int(values.get(k)) and values[k] in new}
+
+
 def consistent(values: dict[str, Any], out: dict[str, Any]) -> None:
     """Fix up ``out`` (the shrunk fields of ``values``) so the derived fields agree with the new sizes."""
     _heads(values, out)
