@@ -134,6 +134,17 @@ def test_a_forward_that_draws_random_numbers_gets_them_fixed(model_type, monkeyp
         catalog.build(model_type)
 
 
+def test_multimodal_rotary_sections_fit_the_shrunken_head():
+    """Qwen2-VL's rotary split ([16, 24, 24] in its modeling code, for 128-wide heads) did not fit the 16-wide
+    shrunken heads: the Qwen-VL and GLM-4V kin were not buildable, text alone included."""
+    assert catalog._reads_mrope(type(catalog.shrunk_config("qwen2_vl")[0]))
+    assert not catalog._reads_mrope(type(catalog.shrunk_config("llava")[0]))
+    text = catalog.build("qwen2_vl").model.config.text_config
+    assert text.rope_parameters["mrope_section"] == [2, 3, 3] and text.hidden_size // text.num_attention_heads == 16
+    assert shrink.mrope({"rope_parameters": {"partial_rotary_factor": 0.5}, "hidden_size": 64, "num_attention_heads": 4},
+                        {})["rope_parameters"]["mrope_section"] == [2, 1, 1]
+
+
 def test_media_token_ids_move_into_the_shrunken_vocab():
     values = {"image_token_id": 32000, "image_token_index": 32000, "video_token_id": 32001, "audio_token_id": 7}
     assert shrink.media_tokens(values) == {"image_token_id": 255, "image_token_index": 255, "video_token_id": 254}
@@ -144,6 +155,8 @@ def test_media_token_ids_move_into_the_shrunken_vocab():
     ("idefics3", (2, 1, 3, 64, 64), {}),  # [batch, images, channels, h, w]
     ("mistral3", (2, 3, 56, 56), {"image_sizes": (2, 2)}),
     ("blip-2", (1, 3, 56, 56), {}),  # its main input is the image: a caption of 8 tokens, 32 query tokens
+    # 2 images of 4 x 4 flattened 14 x 14 x 2-frame x 3-channel patches, a placeholder per 2 x 2 merge window
+    ("qwen2_vl", (32, 1176), {"image_grid_thw": (2, 3), "mm_token_type_ids": (2, 12)}),
 ])
 def test_vision_language_models_get_an_image_and_its_placeholder_tokens(model_type, pixels, extra):
     """Before, each of these was built text-only (its image candidate failed: no image tokens in the ids, or

@@ -102,7 +102,7 @@ def classify(model_type: str) -> tuple[str, str]:
     return family, modality
 
 
-def _shrunk_kwargs(cfg, diff_subconfigs: bool = False, media: bool = True) -> dict[str, Any]:
+def _shrunk_kwargs(cfg, diff_subconfigs: bool = False, media: bool = True, mrope: bool = False) -> dict[str, Any]:
     """Constructor overrides that shrink ``cfg`` (a config instance with its defaults), sub-configs included.
     ``diff_subconfigs``: a sub-config is passed without the generic fields every config has (for the sub-config classes
     that refuse the generic fields of a full ``to_dict()``, e.g. DBRX's). ``media``: the image and audio fields
@@ -113,6 +113,8 @@ def _shrunk_kwargs(cfg, diff_subconfigs: bool = False, media: bool = True) -> di
     out = shrink.sizes(values)
     shrink.consistent(values, out)
     out.update(shrink.media_tokens(values))
+    if mrope:
+        out.update(shrink.mrope(values, out))
     if media:
         out.update(shrink.media(values))
     for key in list(values):
@@ -122,7 +124,7 @@ def _shrunk_kwargs(cfg, diff_subconfigs: bool = False, media: bool = True) -> di
             if diff_subconfigs:
                 generic = PretrainedConfig().to_dict()
                 base = {k: v for k, v in base.items() if k not in generic or k == "model_type"}
-            out[key] = {**base, **_shrunk_kwargs(sub, diff_subconfigs, media)}
+            out[key] = {**base, **_shrunk_kwargs(sub, diff_subconfigs, media, mrope)}
     return out
 
 
@@ -166,7 +168,7 @@ def shrunk_config(model_type: str, media: bool = True):
     error = None
     for diff in (False, True):
         try:
-            kwargs = {**_shrunk_kwargs(default, diff_subconfigs=diff, media=media),
+            kwargs = {**_shrunk_kwargs(default, diff_subconfigs=diff, media=media, mrope=_reads_mrope(cls)),
                       **EXTRAS.get(model_type, {}).get("config", {})}
             return cls(**kwargs), kwargs
         except Exception as e:  # noqa: BLE001
@@ -176,6 +178,18 @@ def shrunk_config(model_type: str, media: bool = True):
                 raise
             error = error or e
     raise NotBuildable(f"config cannot be shrunk: {type(error).__name__}: {_first_line(error)}") from None
+
+
+def _reads_mrope(config_cls) -> bool:
+    """Whether the model type's modeling code splits its rotary embedding in ``mrope_section``s (its defaults
+    are in that code, sized for the full head: ``shrink.mrope``)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(config_cls.__module__.replace(".configuration_", ".modeling_"))
+    if spec is None or not spec.origin:
+        return False
+    with open(spec.origin, encoding="utf-8") as f:
+        return "mrope_section" in f.read()
 
 
 def _first_line(e: BaseException) -> str:
@@ -259,7 +273,8 @@ def _image_and_text(model, cfg, text: dict[str, torch.Tensor], gen: torch.Genera
     params = inspect.signature(features).parameters
     for image in ({"pixel_values": pixels},  # [batch, channels, h, w]
                   {"pixel_values": pixels, "image_sizes": torch.tensor([[h, w]] * batch)},  # LLaVA-NeXT, Mistral 3
-                  {"pixel_values": pixels.unsqueeze(1)}):  # [batch, images, channels, h, w]: Idefics 2/3, SmolVLM
+                  {"pixel_values": pixels.unsqueeze(1)},  # [batch, images, channels, h, w]: Idefics 2/3, SmolVLM
+                  _patch_grid(cfg, gen, batch)):  # flattened patches and their grid: Qwen-VL, GLM-4V kin
         if not set(image) - {"pixel_values"} <= set(params):
             continue
         try:
@@ -276,9 +291,28 @@ def _image_and_text(model, cfg, text: dict[str, torch.Tensor], gen: torch.Genera
     if not tensors or total % (hidden * batch):
         return None
     per_image = getattr(cfg, "num_query_tokens", None) or total // (hidden * batch)  # BLIP-2: its queries
+    if "image_grid_thw" in image:  # the processor's rule: a placeholder per merge window of the grid
+        vc = getattr(cfg, "vision_config", None) or cfg
+        per_image = int(image["image_grid_thw"][0].prod()) // (getattr(vc, "spatial_merge_size", None) or 1) ** 2
     ids = text["input_ids"].masked_fill(text["input_ids"] == token, 1 if token != 1 else 2)
     ids = torch.cat([torch.full((batch, per_image), token, dtype=ids.dtype), ids], dim=1)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), **image}
+    out = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **image}
+    if "mm_token_type_ids" in inspect.signature(model.forward).parameters:  # 1 marks an image token (GLM-4.6V)
+        out["mm_token_type_ids"] = (ids == token).int()
+    return out
+
+
+def _patch_grid(cfg, gen: torch.Generator, batch: int) -> dict[str, torch.Tensor]:
+    """Images as Qwen-VL's processor leaves them: each image a grid of 1 x side x side patches (``side`` two
+    merge windows), every patch flattened to ``channels * temporal_patch * patch^2`` values, and the grids."""
+    vc = getattr(cfg, "vision_config", None) or cfg
+    patch = vc.patch_size if isinstance(getattr(vc, "patch_size", None), int) else 14
+    merge = getattr(vc, "spatial_merge_size", None) or 1
+    channels = getattr(vc, "in_channels", None) or getattr(vc, "num_channels", None) or 3
+    side = 2 * merge
+    values = channels * (getattr(vc, "temporal_patch_size", None) or 1) * patch * patch
+    return {"pixel_values": torch.randn(batch * side * side, values, generator=gen),
+            "image_grid_thw": torch.tensor([[1, side, side]] * batch)}
 
 
 def _pixels(cfg, gen: torch.Generator, batch: int = 1) -> torch.Tensor:

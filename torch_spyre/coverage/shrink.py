@@ -75,6 +75,22 @@ def sizes(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def mrope(values: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    """Multimodal rotary sections (Qwen-VL, GLM-4V kin: the rotary frequencies split into time, height and width
+    parts, ``mrope_section``) that add up to the shrunken head's rotary half. The modeling code's defaults
+    ([16, 24, 24] for Qwen2-VL's 128-wide heads) are not in the config, so a config of a model that reads them
+    gets them explicitly; the same 1 : 1.5 : 1.5 split, [2, 3, 3] for 16-wide heads."""
+    rope = values.get("rope_parameters")
+    _, heads = _first({**values, **out}, _HEAD_KEYS)
+    _, hidden = _first({**values, **out}, _HIDDEN_KEYS)
+    head_dim = out.get("head_dim") or (hidden // heads if heads and hidden else None)
+    if not isinstance(rope, dict) or not _int(head_dim):
+        return {}
+    half = int(head_dim * (rope.get("partial_rotary_factor") or 1.0)) // 2
+    side = 3 * half // 8
+    return {"rope_parameters": {**rope, "mrope_section": [half - 2 * side, side, side]}}
+
+
 MEDIA_TOKEN_FIELDS = ("image_token_id", "image_token_index", "video_token_id", "video_token_index",
                       "audio_token_id", "audio_token_index")
 
