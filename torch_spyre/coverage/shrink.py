@@ -80,15 +80,21 @@ def mrope(values: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
     parts, ``mrope_section``) that add up to the shrunken head's rotary half. The modeling code's defaults
     ([16, 24, 24] for Qwen2-VL's 128-wide heads) are not in the config, so a config of a model that reads them
     gets them explicitly; the same 1 : 1.5 : 1.5 split, [2, 3, 3] for 16-wide heads."""
-    rope = values.get("rope_parameters")
+    rope = out.get("rope_parameters", values.get("rope_parameters"))  # ``consistent`` may have set it
     _, heads = _first({**values, **out}, _HEAD_KEYS)
     _, hidden = _first({**values, **out}, _HIDDEN_KEYS)
     head_dim = out.get("head_dim") or (hidden // heads if heads and hidden else None)
-    if not isinstance(rope, dict) or not _int(head_dim):
-        return {}
-    half = int(head_dim * (rope.get("partial_rotary_factor") or 1.0)) // 2
-    side = 3 * half // 8
-    return {"rope_parameters": {**rope, "mrope_section": [half - 2 * side, side, side]}}
+    if not isinstance(rope, dict) or not rope or not _int(head_dim) or rope.get("rope_type") == "axial":
+        return {}  # no rope, or a vision tower's 2-D (axial) one
+
+    def sections(params: dict) -> dict:
+        half = int(head_dim * (params.get("partial_rotary_factor") or 1.0)) // 2
+        side = 3 * half // 8
+        return {**params, "mrope_section": [half - 2 * side, side, side]}
+
+    if all(isinstance(v, dict) for v in rope.values()):  # one rope per layer type (Cohere Compass)
+        return {"rope_parameters": {t: sections(p) for t, p in rope.items()}}
+    return {"rope_parameters": sections(rope)}
 
 
 MEDIA_TOKEN_FIELDS = ("image_token_id", "image_token_index", "video_token_id", "video_token_index",
