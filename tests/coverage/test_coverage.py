@@ -21,7 +21,7 @@ import torch
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.models
 
-from torch_spyre.coverage import catalog, check, classify, report, runners, sweep  # noqa: E402
+from torch_spyre.coverage import catalog, check, classify, report, runners, shrink, sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -116,6 +116,63 @@ def test_a_backbone_is_judged_by_its_deepest_feature_map():
     built = catalog.build("hgnet_v2")  # HGNetV2Backbone returns feature maps, no hidden state
     out = built.model(**built.inputs)
     assert catalog.compared(built, out) is out.feature_maps[-1]
+
+
+@pytest.mark.parametrize("model_type", ["vit_mae", "vits"])
+def test_a_forward_that_draws_random_numbers_gets_them_fixed(model_type, monkeypatch):
+    """ViT-MAE masks patches with ``torch.rand`` noise and VITS samples durations and latents with ``randn``,
+    on the model's device: the card and the CPU drew different numbers and both failed as numerics. With
+    ``catalog.EXTRAS`` (ViT-MAE's ``noise`` input, VITS's noise scales 0) two CPU runs agree; without it the
+    build refuses the model instead of letting the card be blamed."""
+    built = catalog.build(model_type)
+    assert torch.equal(catalog.reference(built), catalog.reference(built))
+    if model_type == "vit_mae":  # one fixed, tie-free permutation of the 4 x 4 patches per image
+        noise = built.inputs["noise"]
+        assert noise.shape == (1, 16) and torch.equal(noise.sort(-1).values, torch.arange(16.0)[None] / 16)
+    monkeypatch.delitem(catalog.EXTRAS, model_type)
+    with pytest.raises(catalog.NotBuildable, match="the CPU forward is random: two runs differ"):
+        catalog.build(model_type)
+
+
+def test_multimodal_rotary_sections_fit_the_shrunken_head():
+    """Qwen2-VL's rotary split ([16, 24, 24] in its modeling code, for 128-wide heads) did not fit the 16-wide
+    shrunken heads: the Qwen-VL and GLM-4V kin were not buildable, text alone included."""
+    assert catalog._reads_mrope(type(catalog.shrunk_config("qwen2_vl")[0]))
+    assert not catalog._reads_mrope(type(catalog.shrunk_config("llava")[0]))
+    text = catalog.build("qwen2_vl").model.config.text_config
+    assert text.rope_parameters["mrope_section"] == [2, 3, 3] and text.hidden_size // text.num_attention_heads == 16
+    assert shrink.mrope({"rope_parameters": {"partial_rotary_factor": 0.5}, "hidden_size": 64, "num_attention_heads": 4},
+                        {})["rope_parameters"]["mrope_section"] == [2, 1, 1]
+
+
+def test_media_token_ids_move_into_the_shrunken_vocab():
+    values = {"image_token_id": 32000, "image_token_index": 32000, "video_token_id": 32001, "audio_token_id": 7}
+    assert shrink.media_tokens(values) == {"image_token_id": 255, "image_token_index": 255, "video_token_id": 254}
+
+
+@pytest.mark.parametrize("model_type, pixels, extra", [
+    ("llava", (2, 3, 56, 56), {}),  # the vision tower's 4 x 4 patches: 16 image tokens per sample
+    ("idefics3", (2, 1, 3, 64, 64), {}),  # [batch, images, channels, h, w]
+    ("mistral3", (2, 3, 56, 56), {"image_sizes": (2, 2)}),
+    ("blip-2", (1, 3, 56, 56), {}),  # its main input is the image: a caption of 8 tokens, 32 query tokens
+    # 2 images of 4 x 4 flattened 14 x 14 x 2-frame x 3-channel patches, a placeholder per 2 x 2 merge window
+    ("qwen2_vl", (32, 1176), {"image_grid_thw": (2, 3), "mm_token_type_ids": (2, 12)}),
+])
+def test_vision_language_models_get_an_image_and_its_placeholder_tokens(model_type, pixels, extra):
+    """Before, each of these was built text-only (its image candidate failed: no image tokens in the ids, or
+    an image token id past the shrunken vocab), so the sweep ran only its language model."""
+    built = catalog.build(model_type)
+    cfg = built.model.config
+    token = catalog._image_token(cfg)
+    ids = built.inputs["input_ids"]
+    assert tuple(built.inputs["pixel_values"].shape) == pixels
+    assert {k: tuple(built.inputs[k].shape) for k in extra} == extra
+    assert token < cfg.get_text_config().vocab_size and ids.shape[1] > catalog.SEQ_LEN
+    per_sample = (ids == token).sum(1)
+    assert (per_sample == ids.shape[1] - catalog.SEQ_LEN).all()  # every extra token is an image placeholder
+    if model_type == "blip-2":
+        assert int(per_sample[0]) == cfg.num_query_tokens
+    assert catalog.reference(built).isfinite().all()
 
 
 def test_inputs_that_cannot_be_synthesised_are_not_buildable(monkeypatch):

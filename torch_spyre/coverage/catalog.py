@@ -102,7 +102,7 @@ def classify(model_type: str) -> tuple[str, str]:
     return family, modality
 
 
-def _shrunk_kwargs(cfg, diff_subconfigs: bool = False, media: bool = True) -> dict[str, Any]:
+def _shrunk_kwargs(cfg, diff_subconfigs: bool = False, media: bool = True, mrope: bool = False) -> dict[str, Any]:
     """Constructor overrides that shrink ``cfg`` (a config instance with its defaults), sub-configs included.
     ``diff_subconfigs``: a sub-config is passed without the generic fields every config has (for the sub-config classes
     that refuse the generic fields of a full ``to_dict()``, e.g. DBRX's). ``media``: the image and audio fields
@@ -112,6 +112,9 @@ def _shrunk_kwargs(cfg, diff_subconfigs: bool = False, media: bool = True) -> di
     values = cfg.to_dict()
     out = shrink.sizes(values)
     shrink.consistent(values, out)
+    out.update(shrink.media_tokens(values))
+    if mrope:
+        out.update(shrink.mrope(values, out))
     if media:
         out.update(shrink.media(values))
     for key in list(values):
@@ -121,8 +124,34 @@ def _shrunk_kwargs(cfg, diff_subconfigs: bool = False, media: bool = True) -> di
             if diff_subconfigs:
                 generic = PretrainedConfig().to_dict()
                 base = {k: v for k, v in base.items() if k not in generic or k == "model_type"}
-            out[key] = {**base, **_shrunk_kwargs(sub, diff_subconfigs, media)}
+            out[key] = {**base, **_shrunk_kwargs(sub, diff_subconfigs, media, mrope)}
     return out
+
+
+def _mae_noise(model, cfg, inputs: dict[str, torch.Tensor], gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """ViT-MAE keeps the patches of lowest ``noise`` (else ``torch.rand`` on the model's device): one fixed
+    permutation per sample, spaced 1/patches apart so no two values tie, not even rounded to fp16."""
+    size, patch = cfg.image_size, cfg.patch_size
+    size = size if isinstance(size, (list, tuple)) else (size, size)
+    patch = patch if isinstance(patch, (list, tuple)) else (patch, patch)
+    patches = (size[0] // patch[0]) * (size[1] // patch[1])
+    batch = inputs["pixel_values"].shape[0]
+    return {"noise": torch.stack([torch.randperm(patches, generator=gen) for _ in range(batch)]).float() / patches}
+
+
+# Per-family extras: config overrides applied after shrinking (``config``) and extra inputs (``inputs``:
+# ``f(model, cfg, inputs, generator)``, the same tensors on the CPU and on the card) for what the generic
+# synthesis gets wrong. Mostly randomness a forward draws itself: the card's generator and the CPU's draw
+# different numbers, so it is given as an input or switched off. ``build`` refuses a model whose two CPU
+# forwards still differ (``NotBuildable``), so one missing here is not reported as the card's numerics.
+EXTRAS: dict[str, dict[str, Any]] = {
+    "vit_mae": {"inputs": _mae_noise},
+    # VITS samples its prior latents and (stochastic duration predictor) durations with randn: scale 0 keeps
+    # the means, so the output length (the durations) and the waveform are the model's deterministic part
+    "vits": {"config": {"noise_scale": 0.0, "noise_scale_duration": 0.0}},
+    # BLIP-2 kin place the query tokens' outputs at their image token, which has no default id
+    **dict.fromkeys(["blip-2", "instructblip", "instructblipvideo"], {"config": {"image_token_index": 255}}),
+}
 
 
 def shrunk_config(model_type: str, media: bool = True):
@@ -139,7 +168,8 @@ def shrunk_config(model_type: str, media: bool = True):
     error = None
     for diff in (False, True):
         try:
-            kwargs = _shrunk_kwargs(default, diff_subconfigs=diff, media=media)
+            kwargs = {**_shrunk_kwargs(default, diff_subconfigs=diff, media=media, mrope=_reads_mrope(cls)),
+                      **EXTRAS.get(model_type, {}).get("config", {})}
             return cls(**kwargs), kwargs
         except Exception as e:  # noqa: BLE001
             from .check import ModelTimeout
@@ -148,6 +178,18 @@ def shrunk_config(model_type: str, media: bool = True):
                 raise
             error = error or e
     raise NotBuildable(f"config cannot be shrunk: {type(error).__name__}: {_first_line(error)}") from None
+
+
+def _reads_mrope(config_cls) -> bool:
+    """Whether the model type's modeling code splits its rotary embedding in ``mrope_section``s (its defaults
+    are in that code, sized for the full head: ``shrink.mrope``)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(config_cls.__module__.replace(".configuration_", ".modeling_"))
+    if spec is None or not spec.origin:
+        return False
+    with open(spec.origin, encoding="utf-8") as f:
+        return "mrope_section" in f.read()
 
 
 def _first_line(e: BaseException) -> str:
@@ -186,15 +228,91 @@ def _inputs(model, cfg, family: str) -> list[dict[str, torch.Tensor]]:
             out["decoder_input_ids"] = ids[:, : SEQ_LEN // 2].clone()
         if "bbox" in params:
             out["bbox"] = _boxes(cfg, gen)
-        if "pixel_values" in params and getattr(cfg, "vision_config", None) is not None:
+        if "pixel_values" in params and (getattr(cfg, "vision_config", None) is not None or hasattr(cfg, "image_size")):
             with_image = {**out, "pixel_values": _pixels(cfg, gen, batch=BATCH)}  # dual encoders (CLIP kin)
-            return [with_image, out]
+            image_text = _image_and_text(model, cfg, out, gen)  # vision-language models
+            return [c for c in (image_text, with_image, out) if c is not None]
         return [out]
     if name == "pixel_values":
-        return [{"pixel_values": _pixels(cfg, gen)}]
+        image = {"pixel_values": _pixels(cfg, gen)}
+        if "input_ids" not in params:
+            return [image]
+        # image-conditioned text (BLIP-2, InstructBLIP, Kosmos-2): a caption of SEQ_LEN tokens too
+        vocab = getattr(cfg.get_text_config(), "vocab_size", None) or 256
+        ids = torch.randint(min(4, vocab - 1), vocab, (1, SEQ_LEN), generator=gen)
+        text = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if "qformer_input_ids" in params:
+            qvocab = getattr(getattr(cfg, "qformer_config", None), "vocab_size", None) or 256
+            text.update(qformer_input_ids=ids % qvocab, qformer_attention_mask=torch.ones_like(ids))
+        candidates = [{**image, **text}, image]
+        with_tokens = _image_and_text(model, cfg, text, gen, batch=1)
+        return [with_tokens | {k: v for k, v in text.items() if k.startswith("qformer")}] + candidates \
+            if with_tokens else candidates
     if name in ("input_values", "input_features"):
         return [_audio(name, shape, cfg, family) for shape in _audio_shapes(name, cfg)]
     raise NotBuildable(f"cannot synthesise the input {name!r} (only token ids, pixel values and audio are)")
+
+
+def _image_token(cfg) -> int | None:
+    return next((v for v in (getattr(cfg, k, None) for k in ("image_token_id", "image_token_index"))
+                 if isinstance(v, int) and not isinstance(v, bool)), None)
+
+
+def _image_and_text(model, cfg, text: dict[str, torch.Tensor], gen: torch.Generator,
+                    batch: int = BATCH) -> dict[str, torch.Tensor] | None:
+    """A vision-language model's inputs: one image per sample and, before the ``SEQ_LEN`` text tokens, as many
+    image placeholder tokens as ``get_image_features`` returns features per image (the model checks that they
+    match). None when the model has no placeholder token or its image features need more inputs than we
+    synthesise (Qwen-VL's grid sizes): then its candidates without image tokens are tried."""
+    token, features = _image_token(cfg), getattr(model, "get_image_features", None)
+    hidden = getattr(cfg.get_text_config(), "hidden_size", None)
+    if token is None or features is None or not hidden:
+        return None
+    pixels = _pixels(cfg, gen, batch=batch)
+    h, w = pixels.shape[-2:]
+    params = inspect.signature(features).parameters
+    for image in ({"pixel_values": pixels},  # [batch, channels, h, w]
+                  {"pixel_values": pixels, "image_sizes": torch.tensor([[h, w]] * batch)},  # LLaVA-NeXT, Mistral 3
+                  {"pixel_values": pixels.unsqueeze(1)},  # [batch, images, channels, h, w]: Idefics 2/3, SmolVLM
+                  _patch_grid(cfg, gen, batch)):  # flattened patches and their grid: Qwen-VL, GLM-4V kin
+        if not set(image) - {"pixel_values"} <= set(params):
+            continue
+        try:
+            with torch.no_grad():
+                out = features(**image, **{k: v for k, v in text.items() if k.startswith("qformer") and k in params})
+            break
+        except Exception:  # noqa: BLE001 - try the next layout
+            continue
+    else:
+        return None  # not this kind of model: the other candidates are tried
+    out = getattr(out, "pooler_output", out)
+    tensors = [t for t in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(t, torch.Tensor)]
+    total = sum(t.numel() for t in tensors)
+    if not tensors or total % (hidden * batch):
+        return None
+    per_image = getattr(cfg, "num_query_tokens", None) or total // (hidden * batch)  # BLIP-2: its queries
+    if "image_grid_thw" in image:  # the processor's rule: a placeholder per merge window of the grid
+        vc = getattr(cfg, "vision_config", None) or cfg
+        per_image = int(image["image_grid_thw"][0].prod()) // (getattr(vc, "spatial_merge_size", None) or 1) ** 2
+    ids = text["input_ids"].masked_fill(text["input_ids"] == token, 1 if token != 1 else 2)
+    ids = torch.cat([torch.full((batch, per_image), token, dtype=ids.dtype), ids], dim=1)
+    out = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **image}
+    if "mm_token_type_ids" in inspect.signature(model.forward).parameters:  # 1 marks an image token (GLM-4.6V)
+        out["mm_token_type_ids"] = (ids == token).int()
+    return out
+
+
+def _patch_grid(cfg, gen: torch.Generator, batch: int) -> dict[str, torch.Tensor]:
+    """Images as Qwen-VL's processor leaves them: each image a grid of 1 x side x side patches (``side`` two
+    merge windows), every patch flattened to ``channels * temporal_patch * patch^2`` values, and the grids."""
+    vc = getattr(cfg, "vision_config", None) or cfg
+    patch = vc.patch_size if isinstance(getattr(vc, "patch_size", None), int) else 14
+    merge = getattr(vc, "spatial_merge_size", None) or 1
+    channels = getattr(vc, "in_channels", None) or getattr(vc, "num_channels", None) or 3
+    side = 2 * merge
+    values = channels * (getattr(vc, "temporal_patch_size", None) or 1) * patch * patch
+    return {"pixel_values": torch.randn(batch * side * side, values, generator=gen),
+            "image_grid_thw": torch.tensor([[1, side, side]] * batch)}
 
 
 def _pixels(cfg, gen: torch.Generator, batch: int = 1) -> torch.Tensor:
@@ -271,19 +389,34 @@ def _build(model_type: str, seed: int, media: bool) -> Built:
         raise NotBuildable(f"model cannot be built: {type(e).__name__}: {_first_line(e)}") from None
     output = "logits" if with_head else "last_hidden_state"
     first_error = None
+    extras = EXTRAS.get(model_type, {}).get("inputs")
     for inputs in _inputs(model, cfg, family):
+        if extras:
+            inputs = {**inputs, **extras(model, cfg, inputs, torch.Generator().manual_seed(seed))}
         built = Built(model_type, model, inputs, family, modality, output, cls.__name__, changes)
         try:
             built.batch_norms_calibrated = calibrate_batch_norms(model, calibration_inputs(inputs))
-            reference(built)
-            return built
+            first = reference(built)
         except Exception as e:  # noqa: BLE001 - try the next candidate; report the first (most likely) error
             from .check import ModelTimeout
 
             if isinstance(e, ModelTimeout):
                 raise
             first_error = first_error or e
+            continue
+        _deterministic(built, first)
+        return built
     raise NotBuildable(f"CPU forward fails: {type(first_error).__name__}: {_first_line(first_error)}") from None
+
+
+def _deterministic(built: Built, first: torch.Tensor) -> None:
+    """NotBuildable when a second CPU forward differs from the first: the forward draws random numbers (not
+    fixed by ``EXTRAS``), and the card's would differ from the CPU's whatever its numerics."""
+    second = reference(built)
+    if first.shape != second.shape or not torch.allclose(first, second, rtol=1e-5, atol=1e-6, equal_nan=True):
+        what = (f"shapes {tuple(first.shape)} and {tuple(second.shape)}" if first.shape != second.shape
+                else f"max abs difference {float((first - second).abs().max()):.4g}")
+        raise NotBuildable(f"the CPU forward is random: two runs differ ({what}); the card's could not be compared")
 
 
 CALIBRATION_SEED = 1
@@ -349,6 +482,12 @@ def compared(built: Built, out: Any) -> torch.Tensor:
         value = out.get(built.output)
     else:
         value = getattr(out, built.output, None) if not isinstance(out, (tuple, list)) else None
+    if value is None and isinstance(out, dict) and isinstance(out.get("logits"), torch.Tensor):
+        value = out["logits"]  # a base model that ends in its language model's head
+    if value is None and isinstance(out, dict) and isinstance(out.get("language_model_outputs"), dict):
+        inner = out["language_model_outputs"]  # BLIP-2 kin: the language model's own output
+        value = next((inner.get(k) for k in (built.output, "last_hidden_state", "logits")
+                      if isinstance(inner.get(k), torch.Tensor)), None)
     if value is None and isinstance(getattr(out, "feature_maps", None), (tuple, list)) and out.feature_maps:
         value = out.feature_maps[-1]  # a backbone: its deepest feature map
     if value is None and hasattr(out, "to_tuple"):

@@ -2,7 +2,7 @@
 
 The record (plain JSON values):
 
-    {"model_type", "family", "modality", "class",
+    {"model_type", "family", "modality", "class", "inputs": {name: shape} (the synthesised inputs),
      "status": "pass" | "fail" | "not_buildable" | "degenerate_reference",
      "reason" (not buildable, degenerate reference), "adapters": [...], "host_seconds",
      "batch_norms_calibrated" (when the model has batch norms: ``catalog.calibrate_batch_norms``),
@@ -184,7 +184,8 @@ def check_model(model_type: str, modes: tuple[str, ...] = MODES, dtype: str = "f
                     raise ModelTimeout(f"the model took longer than {timeout:g} s (while building it)") from e
                 record.update(status="not_buildable", reason=str(e))
                 return record
-            record.update({"class": built.class_name})
+            record.update({"class": built.class_name,
+                           "inputs": {k: list(v.shape) for k, v in built.inputs.items()}})
             if built.batch_norms_calibrated:
                 record["batch_norms_calibrated"] = built.batch_norms_calibrated
             ref = catalog.reference(built)

@@ -75,6 +75,42 @@ def sizes(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def mrope(values: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    """Multimodal rotary sections (Qwen-VL, GLM-4V kin: the rotary frequencies split into time, height and width
+    parts, ``mrope_section``) that add up to the shrunken head's rotary half. The modeling code's defaults
+    ([16, 24, 24] for Qwen2-VL's 128-wide heads) are not in the config, so a config of a model that reads them
+    gets them explicitly; the same 1 : 1.5 : 1.5 split, [2, 3, 3] for 16-wide heads."""
+    rope = out.get("rope_parameters", values.get("rope_parameters"))  # ``consistent`` may have set it
+    _, heads = _first({**values, **out}, _HEAD_KEYS)
+    _, hidden = _first({**values, **out}, _HIDDEN_KEYS)
+    head_dim = out.get("head_dim") or (hidden // heads if heads and hidden else None)
+    if not isinstance(rope, dict) or not rope or not _int(head_dim) or rope.get("rope_type") == "axial":
+        return {}  # no rope, or a vision tower's 2-D (axial) one
+
+    def sections(params: dict) -> dict:
+        half = int(head_dim * (params.get("partial_rotary_factor") or 1.0)) // 2
+        side = 3 * half // 8
+        return {**params, "mrope_section": [half - 2 * side, side, side]}
+
+    if all(isinstance(v, dict) for v in rope.values()):  # one rope per layer type (Cohere Compass)
+        return {"rope_parameters": {t: sections(p) for t, p in rope.items()}}
+    return {"rope_parameters": sections(rope)}
+
+
+MEDIA_TOKEN_FIELDS = ("image_token_id", "image_token_index", "video_token_id", "video_token_index",
+                      "audio_token_id", "audio_token_index")
+
+
+def media_tokens(values: dict[str, Any]) -> dict[str, Any]:
+    """The placeholder token ids of a vision- or audio-language config moved into the shrunken vocab: its top
+    ids, one per distinct id (LLaVA's image token is 32000, past a 256-token vocab; the embedding of the
+    token ids, placeholders included, runs before the image features replace them)."""
+    vocab = SIZES["vocab_size"]
+    ids = sorted({values[k] for k in MEDIA_TOKEN_FIELDS if _int(values.get(k)) and values[k] >= vocab})
+    new = {old: vocab - 1 - i for i, old in enumerate(ids)}
+    return {k: new[values[k]] for k in MEDIA_TOKEN_FIELDS if _int(values.get(k)) and values[k] in new}
+
+
 def consistent(values: dict[str, Any], out: dict[str, Any]) -> None:
     """Fix up ``out`` (the shrunk fields of ``values``) so the derived fields agree with the new sizes."""
     _heads(values, out)
