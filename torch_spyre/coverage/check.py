@@ -40,18 +40,33 @@ class ModelTimeout(Exception):
 
 @contextlib.contextmanager
 def time_limit(seconds: float | None) -> Iterator[None]:
-    """Raise ModelTimeout in this (main) thread after ``seconds``; the runners kill what this cannot stop."""
+    """Raise ModelTimeout in this (main) thread after ``seconds``; the runners kill what this cannot stop.
+    Sticky: the alarm can land where its exception is swallowed (a broad ``except`` in model code trying
+    alternatives, a finalizer, whose exceptions Python only prints), so once it has fired the block ends in
+    ModelTimeout however it ends."""
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
+    message = f"the model took longer than {seconds:g} s"
+    fired = []
 
     def _raise(signum, frame):
-        raise ModelTimeout(f"the model took longer than {seconds:g} s")
+        fired.append(True)
+        raise ModelTimeout(message)
 
     old = signal.signal(signal.SIGALRM, _raise)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
+    except ModelTimeout:
+        raise
+    except BaseException as e:
+        if fired:
+            raise ModelTimeout(message) from e
+        raise
+    else:
+        if fired:
+            raise ModelTimeout(message)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
