@@ -5,6 +5,7 @@ the fallback to the unfused kernels, and the ``fused_mlp`` switch."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -62,6 +63,10 @@ def ffn(act):
     (100, 192, 200, 3, True, True, "silu", None, False),  # a partial last stick, partial leftover rows
     (64, 128, 320, 4, False, True, "gelu", None, False),  # no gate, biases
     (300, 128, 320, 4, True, True, "silu", 200 * 1024, False),  # too many tokens for one row tile: streams
+    # no gate, a leftover stick over several row tiles: its forwarded weight tiles must not land in the
+    # receiver's phase-2 buffers (the ring receive slots) while it still adds the last row tile's sums
+    (300, 128, 320, 4, False, True, "gelu", 200 * 1024, False),
+    (300, 128, 320, 4, False, True, "gelu", 200 * 1024, True),  # the same, weight tiles transposed in kernel
     (100, 192, 200, 3, True, False, "silu", None, True),  # weights in nn.Linear's layout: transposed in kernel
     (40, 100, 130, 32, True, True, "gelu_tanh", None, False),  # partial hidden sticks; 3 sticks on 3 of 32 cores
 ])
@@ -78,9 +83,37 @@ def test_generator_matches_torch(M, H, I, cores, gated, bias, act, sp, linear):
     want = h @ f["wd"] + (f["bd"] if bias else 0)
     torch.testing.assert_close(outs["out"], want, **TOL[torch.float16])
     assert dec.kind == "fused_mlp" and dec.fusion["optimization"] == "fused_mlp"
-    assert dec.tiling["row_tiles"] == (4 if sp else 1)
+    assert (dec.tiling["row_tiles"] > 1) == bool(sp)
     if I == 320:
         assert dec.work_division["leftover_sticks"].startswith("1 stick(s) left over")
+
+
+@pytest.mark.parametrize("gated,linear", [(True, False), (False, False), (False, True)])
+@pytest.mark.parametrize("norm", [False, True])
+def test_forwarded_tiles_never_share_bytes_with_phase_two(gated, linear, norm):
+    """A tile forwarded over the ring (x, the leftover stick's weights) arrives when its sender is ready:
+    with several row tiles the sender is already in the next row tile's phase 1 while the receiver is still
+    in phase 2. Whatever tiling is chosen, those buffers share no byte with a phase-2 buffer. (Before the
+    fix the leftover weight buffers did: the ungated kernel stopped on the checked executor, the gated one
+    put its leftover gate tiles inside a receive slot of the other chain.)"""
+    from torch_spyre.compiler.codegen.mlp.plan import assign, choose, row_tiles
+    from torch_spyre.compiler.codegen.mlp.spec import check
+
+    spec = mlp_spec(300, 128, 320, gated, True, "gelu", linear)
+    if norm:
+        spec = MlpSpec(**{**spec.__dict__, "residual": buf("res", (300, 128)), "norm_eps": 1e-12})
+    cfg = CardConfig(num_cores=4, scratchpad_plannable_bytes=(300 if norm else 200) * 1024)
+    p = check(spec)
+    work = assign(p, cfg)
+    tiles, plan, _ = choose(p, work, cfg)
+    assert len(row_tiles(p, tiles.rows)) > 1 and work.leftovers
+    # the bytes a forwarded tile lands in: the load's (the staging buffer when transposed in kernel)
+    forwarded = [b for b in plan.buffers if re.fullmatch(r"x\d|l[ug]_t\d" if linear else r"x\d|l[ug]\d", b.name)]
+    assert len(forwarded) == (6 if gated else 4)
+    phase2 = [b for b in plan.buffers if b.start >= 2]
+    for f in forwarded:
+        for b in phase2:
+            assert f.offset + f.aligned_bytes <= b.offset or b.offset + b.aligned_bytes <= f.offset, (f, b)
 
 
 def test_every_core_gets_the_same_work():

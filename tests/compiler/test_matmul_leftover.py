@@ -9,28 +9,14 @@ import pytest
 import torch
 
 from benchmarks.programs import run_on_card
-from torch_spyre.card import Card, CardConfig, StickLayout
-from torch_spyre.card.dlfloat16 import round_float32
+from torch_spyre.card import Card, StickLayout
 from torch_spyre.compiler.access import TensorView
-from torch_spyre.compiler.codegen.matmul import Split, Tiles, addmm_spec, generate_plan, mm_spec, rank_plans
+from torch_spyre.compiler.codegen.matmul import Split, Tiles, addmm_spec, generate_plan, rank_plans
 from torch_spyre.compiler.codegen.matmul.plan import _assign, leftover_ways
 from torch_spyre.compiler.codegen.matmul.spec import _check
 from torch_spyre.program import MatMul, RingSend
 
-CFG = CardConfig()
-DL = "dlfloat16"
-
-
-def buf(name: str, shape: tuple[int, ...]) -> TensorView:
-    return TensorView.whole(name, StickLayout(tuple(shape), -1, DL))
-
-
-def mm(M: int, K: int, N: int):
-    return mm_spec(buf("a", (M, K)), buf("b", (K, N)), buf("c", (M, N)), name=f"mm_{M}x{K}x{N}")
-
-
-def dl(x: torch.Tensor) -> torch.Tensor:
-    return torch.from_numpy(round_float32(x.float().numpy()))
+from .test_matmul_share import CFG, DL, buf, dl, mm
 
 
 def run(spec, prog, M, K, N, seed, bias=False):

@@ -29,9 +29,9 @@ def _norm_spec(M, H, I, residual=True, affine=True, **kw) -> MlpSpec:
     (64, 128, 320, 4, False, True, "gelu", True, True, None),  # BERT's FFN: one row tile, leftover stick
     (100, 192, 200, 3, True, False, "silu", False, False, None),  # no residual, no affine; partial sticks
     (40, 100, 130, 32, False, True, "gelu_tanh", True, True, None),  # H of partial sticks: padding lanes
-    # several row tiles (gated: the ungated kernel with a leftover stick over several row tiles overlaps two
-    # forwarded weight tiles on the ring, with or without the norm; left alone here)
+    # several row tiles, gated and not (a leftover stick's forwarded weight tiles over several row tiles)
     (300, 128, 320, 4, True, True, "silu", True, True, 260 * 1024),
+    (300, 128, 320, 4, False, True, "gelu", True, True, 260 * 1024),
 ])
 def test_generator_matches_torch(M, H, I, cores, gated, bias, act, residual, affine, sp):
     cfg = CardConfig(num_cores=cores, **({"scratchpad_plannable_bytes": sp} if sp else {}))

@@ -187,3 +187,36 @@ def test_an_activation_relayout_stays_in_device_memory_where_that_is_faster_or_t
         onchip, why, _ = rl.copy_choice(StickLayout((64, 4096), 1, "dlfloat16"),
                                         StickLayout((64, 4096), 0, "dlfloat16"), config)
     assert not onchip and why.endswith("not on chip: onchip_relayout is switched off")
+
+
+def test_relayout_into_a_new_tensor_times_nothing_when_the_exchange_is_refused(monkeypatch):
+    """``relayout(t, dim)`` needs the path, not its price: with the exchange refused (not 2-D, or switched
+    off) the device-memory program is the only candidate, so nothing is timed to choose it (``prepare``
+    times the program it runs); an eligible relayout still times both and takes copy_choice's answer."""
+    import torch_spyre.card.timing as timing
+    from torch_spyre.compiler import relayout as rl
+
+    timed = []
+    real = timing.time_program
+    monkeypatch.setattr(timing, "time_program",
+                        lambda prog, cfg, *a, **k: timed.append(prog.name) or real(prog, cfg, *a, **k))
+    config = CardConfig()
+    cube = StickLayout((4, 64, 64), 2, "dlfloat16"), StickLayout((4, 64, 64), 1, "dlfloat16")
+    onchip, why = rl.copy_path(*cube, config)
+    assert not onchip and why.startswith("through device memory; not on chip: the on-chip exchange swaps")
+    flat = StickLayout((64, 4096), 1, "dlfloat16"), StickLayout((64, 4096), 0, "dlfloat16")
+    with optimizations.disabled("onchip_relayout"):
+        onchip, why = rl.copy_path(*flat, config)
+    assert not onchip and why == "through device memory; not on chip: onchip_relayout is switched off"
+    assert timed == []
+    assert rl.copy_path(*flat, config) == rl.copy_choice(*flat, config)[:2] and len(timed) == 2
+
+    def no_choice(*args):
+        raise AssertionError("copy_choice called for a relayout the exchange cannot take")
+
+    monkeypatch.setattr(rl, "copy_choice", no_choice)
+    xs = torch.randn(4, 64, 64).half().to("spyre")
+    y = rl.relayout(xs, 1)
+    assert torch_spyre.get_layout(y).stick_layout.stick_dim == 1 and torch.equal(y.cpu(), xs.cpu())
+    notes = rl._prepared_relayout(0, *cube, why=rl.copy_path(*cube, config)[1]).program.metadata["decisions"]["notes"]
+    assert any(n.startswith("relayout into a new allocation through device memory; not on chip") for n in notes)

@@ -86,7 +86,7 @@ def relayout(t: Any, stick_dim: int) -> Any:
         return out
     from ..device import cards
 
-    onchip, why, _ = copy_choice(src_layout, dst_layout, cards.card(card).config)
+    onchip, why = copy_path(src_layout, dst_layout, cards.card(card).config)
     launch(_prepared_relayout(card, src_layout, dst_layout, onchip=onchip, why=why),
            {"src": src_alloc, "dst": storage.allocation_of(out)})
     return out
@@ -97,9 +97,28 @@ def relayout(t: Any, stick_dim: int) -> Any:
 # transposes the stick blocks each core loads itself; the exchange loads contiguous ranges and swaps the
 # blocks between scratchpads over the ring. Neither wins at every shape (card timing model: fp16 [64, 4096]
 # 29.61 us against 27.03 us on chip, [1024, 1024] 47.23 against 50.42), so each is timed once per
-# (configuration, layouts) and the faster runs. Bounded like _PREPARED; the configuration is held so that
+# (configuration, layouts) and the faster runs (relayout() itself times nothing when the exchange is
+# refused: copy_path). Bounded like _PREPARED; the configuration is held so that
 # a recycled id() is not mistaken for it.
 _CHOICES: OrderedDict[tuple, tuple[Any, tuple[bool, str, float]]] = OrderedDict()
+
+
+def _not_on_chip(src: StickLayout, dst: StickLayout, config: Any) -> str | None:
+    """Why the on-chip exchange is not a candidate (None when it is)."""
+    if not optimizations.enabled("onchip_relayout"):
+        return "onchip_relayout is switched off"
+    return why_not(src, dst, config)
+
+
+def copy_path(src: StickLayout, dst: StickLayout, config: Any) -> tuple[bool, str]:
+    """(on chip?, why) for :func:`relayout`, which needs the path, not its price: when the exchange is
+    refused the device-memory program is the only candidate and is not timed here (``prepare`` times the
+    program it runs); otherwise :func:`copy_choice` times both."""
+    reason = _not_on_chip(src, dst, config)
+    if reason:
+        return False, f"through device memory; not on chip: {reason}"
+    onchip, why, _ = copy_choice(src, dst, config)
+    return onchip, why
 
 
 def copy_choice(src: StickLayout, dst: StickLayout, config: Any) -> tuple[bool, str, float]:
@@ -115,7 +134,7 @@ def copy_choice(src: StickLayout, dst: StickLayout, config: Any) -> tuple[bool, 
             _CHOICES.move_to_end(key)
             return hit[1]
     device_s = time_program(relayout_program(src, dst, config), config).total_s
-    reason = "onchip_relayout is switched off" if not key[-1] else why_not(src, dst, config)
+    reason = _not_on_chip(src, dst, config)
     if reason:
         choice = (False, f"through device memory, {device_s * 1e6:.2f} us; not on chip: {reason}", device_s)
     else:
@@ -173,9 +192,7 @@ def onchip_fallback(src: StickLayout, dst: StickLayout, card: int = 0) -> str | 
     ``codegen.exchange`` takes it), else why it goes through device memory."""
     from ..device import cards
 
-    if not optimizations.enabled("onchip_relayout"):
-        return "onchip_relayout is switched off"
-    return why_not(src, dst, cards.card(card).config)
+    return _not_on_chip(src, dst, cards.card(card).config)
 
 
 def relayout_in_place(t: Any, stick_dim: int, reason: str = "") -> Any:
@@ -227,4 +244,4 @@ def relayout_in_place(t: Any, stick_dim: int, reason: str = "") -> Any:
     return record
 
 
-__all__ = ["RelayoutError", "copy_choice", "onchip_fallback", "relayout", "relayout_in_place", "relayout_program", "relayout_spec"]
+__all__ = ["RelayoutError", "copy_choice", "copy_path", "onchip_fallback", "relayout", "relayout_in_place", "relayout_program", "relayout_spec"]

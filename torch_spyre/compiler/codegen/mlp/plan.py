@@ -119,6 +119,11 @@ def leftover_rows(c: MlpCore, rows: int) -> tuple[int, int] | None:
 def buffers(p: _MlpProblem, work: MlpWork, t: MlpTiles) -> list[SpBuffer]:
     """One core's scratchpad: h for the whole kernel; phase 1's and phase 2's buffers share bytes."""
     R = t.rows
+    # A tile forwarded over the ring (x; the leftover stick's weight tiles) arrives when its sender is
+    # ready, not when this core is: with several row tiles the sender may already be in the next row
+    # tile's phase 1 while this core is in phase 2, so those buffers must not share bytes with phase 2's
+    # (the ring receive slots among them).
+    fwd_end = 3 if len(row_tiles(p, R)) > 1 else 1
     left_rows = -(-R // work.cores[0].leftover[2]) if work.leftovers else 0
     bufs = [SpBuffer("h", (work.base * R + left_rows) * UNIT * 2, 0, 3)]
     mats = ["u", "g"] if p.gated else ["u"]
@@ -130,13 +135,11 @@ def buffers(p: _MlpProblem, work: MlpWork, t: MlpTiles) -> list[SpBuffer]:
         if staged:
             bufs += [SpBuffer(f"w{m}_t{i}", t.kt * UNIT * t.nt * UNIT * 2, 0, 1) for i in range(2)]
         if work.leftovers:  # the leftover stick's tiles (forwarded within its group): buffers of their own
-            bufs += [SpBuffer(f"l{m}{i}", t.kt * UNIT * UNIT * 2, 0, 1) for i in range(2)]
+            # The forwarded bytes are the load's: the staging buffer when the tile is transposed in scratchpad.
+            bufs += [SpBuffer(f"l{m}{i}", t.kt * UNIT * UNIT * 2, 0, 1 if staged else fwd_end) for i in range(2)]
             if staged:
-                bufs += [SpBuffer(f"l{m}_t{i}", t.kt * UNIT * UNIT * 2, 0, 1) for i in range(2)]
-    # x arrives from the ring when the sender is ready, not when this core is: with several row tiles its
-    # buffers must not share bytes with phase 2's.
-    x_end = 3 if len(row_tiles(p, R)) > 1 else 1
-    bufs += [SpBuffer(f"x{i}", R * t.kt * UNIT * 2, 0, x_end) for i in range(2)]
+                bufs += [SpBuffer(f"l{m}_t{i}", t.kt * UNIT * UNIT * 2, 0, fwd_end) for i in range(2)]
+    bufs += [SpBuffer(f"x{i}", R * t.kt * UNIT * 2, 0, fwd_end) for i in range(2)]
     for m, b in (("u", p.b_up), ("g", p.b_gate)):
         if b is not None:
             bufs.append(SpBuffer(f"b{m}", t.nt * UNIT * b.layout.itemsize, 0, 1))
@@ -153,7 +156,7 @@ def buffers(p: _MlpProblem, work: MlpWork, t: MlpTiles) -> list[SpBuffer]:
         hp = p.h_sticks * UNIT
         # With several row tiles the finisher still normalizes one while the ring brings the next one's
         # x and weight tiles: its buffers must not share bytes with phase 1's.
-        s0 = 0 if x_end == 3 else 2
+        s0 = 0 if fwd_end == 3 else 2
         bufs += [SpBuffer("ln_rows", R * hp * 4, s0, 3), SpBuffer("ln_sq", R * hp * 4, s0, 3),
                  SpBuffer("ln_out", R * hp * p.out.layout.itemsize, s0, 3),
                  SpBuffer("ln_mean", R * 4, s0, 3), SpBuffer("ln_rstd", R * 4, s0, 3)]
