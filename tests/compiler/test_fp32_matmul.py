@@ -141,3 +141,23 @@ def test_decisions_say_why_k_is_six_times_longer(name, tmp_path, monkeypatch):
     texts = [p.read_text() for p in tmp_path.glob("*.decisions.txt")]
     matmul = [t for t in texts if "fp32 operands as DLFloat16 parts" in t]
     assert len(matmul) == 1 and "6 pass(es)" in matmul[0] and "'highest'" in matmul[0]
+
+
+@pytest.mark.parametrize("mode", ["compiled", "eager"])
+@pytest.mark.parametrize("precision", ["highest", "high"])
+def test_operands_outside_dlfloat16_range_give_nan_rows_and_leave_the_others_right(mode, precision):
+    """An fp32 operand element that DLFloat16 cannot hold (inf, or a magnitude above ~8.573e9) has the
+    special code (NaN and infinity, read as NaN) as its high part: the rows it enters are NaN, at every
+    precision (docs/compiler.md "fp32 matmul precision"); the CPU gives +-inf or a finite value there. The
+    other rows are untouched."""
+    torch.set_float32_matmul_precision(precision)
+    a, b = _inputs((64, 64), (64, 48))
+    bad = [3, 7, 9]
+    a[3, 5], a[7, 1], a[9, 2] = float("inf"), -1e12, torch.finfo(torch.float32).min
+    fresh()
+    fn = torch.compile(lambda x, y: x @ y) if mode == "compiled" else (lambda x, y: x @ y)
+    out, ref = fn(a.to("spyre"), b.to("spyre")).cpu(), a @ b
+    assert bool(torch.isnan(out[bad]).all()) and not bool(torch.isnan(ref).any())
+    good = [r for r in range(64) if r not in bad]
+    tol = {} if precision == "highest" else {"rtol": 2e-2, "atol": 5e-2}
+    torch.testing.assert_close(out[good], ref[good], **tol)

@@ -138,11 +138,42 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
             if self.dag.values[gid].op != "load" or gid in aliases or a.host is None:
                 continue
             key = (a.buffer, a.extent, a.host.shape, a.host.tobytes(), None if a.valid is None else a.valid.tobytes())
-            if key in seen:
-                canon[gid] = seen[key]
-            else:
+            if key not in seen:
                 seen[key] = gid
+                continue
+            guards = self._equal_guards(ch, seen[key], gid)
+            if guards is not None:
+                canon[gid] = seen[key]
+                canon.update(guards)
         self.dag.merge(canon)
+
+    def _equal_guards(self, ch: Chunk, keep: int, drop: int) -> dict[int, int] | None:
+        """Load ``drop``'s guards as ``keep``'s (``{drop's guard: keep's}``), or None when they cannot be shown
+        equal. A guard is a static mask, and ``where(mask, a, b)`` drops ``mask`` from ``a``'s guards by
+        identity (``Dag._guards``): the masked load of a cat read by a reduction node (``r0 < 8``) and by a
+        pointwise node over the same elements (``x3 < 8``) has one mask per node, so merging the loads
+        without merging the masks left the pointwise node's values under a mask its ``where`` never drops,
+        and with the other branch's they were never computed (gpt_oss's attention sinks: the whole
+        ``logits - max`` was zeros). Each pair must be equal over the whole space in every extent
+        the dropped one is used in."""
+        kept, dropped = (self.dag.values[g].attrs.get("guards", []) for g in (keep, drop))
+        if len(kept) != len(dropped):
+            return None
+        same: dict[int, int] = {}
+        for k, d in zip(kept, dropped):
+            if k == d:
+                continue
+            for outer in (False, True):
+                if outer and not (self._used_in(d, "outer") or self._used_in(k, "outer")):
+                    continue
+                try:
+                    equal = np.array_equal(self.static_over(ch, k, outer), self.static_over(ch, d, outer))
+                except (LoweringError, ValueError):  # not defined in that extent (access.AccessError)
+                    equal = False
+                if not equal:
+                    return None
+            same[d] = k
+        return same
 
     # --- work division ----------------------------------------------------------------------------
     def _divide(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
