@@ -109,6 +109,13 @@ class KernelGen:
         cache[gid] = out
         return out
 
+    def static_over(self, ch: "Chunk", gid: int, outer: bool) -> np.ndarray:
+        """Static value ``gid`` over chunk ``ch`` (its x box, or x box times reduction chunk), evaluated in
+        its own node's loop variables, as ``analyse`` evaluates a load's guards."""
+        env = self.node_env(self.dag.values[gid].node, ch.xo, ch.xs, ch.ro, ch.rs, outer)
+        shape = tuple(ch.xs) if outer else tuple(ch.xs) + tuple(ch.rs)
+        return np.broadcast_to(np.asarray(self.static_value(gid, env, {})), shape)
+
     def _static_consumers(self) -> list[int]:
         """Static values consumed by computed values (they must be uniform within each box)."""
         out = []

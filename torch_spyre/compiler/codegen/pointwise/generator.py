@@ -138,11 +138,40 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
             if self.dag.values[gid].op != "load" or gid in aliases or a.host is None:
                 continue
             key = (a.buffer, a.extent, a.host.shape, a.host.tobytes(), None if a.valid is None else a.valid.tobytes())
-            if key in seen:
-                canon[gid] = seen[key]
-            else:
+            if key not in seen:
                 seen[key] = gid
+                continue
+            guards = self._matching_guards(ch, gid, seen[key])
+            if guards is not None:  # else both loads stay: each node's where strips its own guard
+                canon[gid] = seen[key]
+                canon.update(guards)
         self.dag.merge(canon)
+
+    def _matching_guards(self, ch: Chunk, gid: int, into: int) -> dict[int, int] | None:
+        """The guards of load ``gid`` mapped onto the equal guards of load ``into`` (equal masks over the
+        whole space ``ch``), or None when they do not pair up. A guarded load sits under a ``where`` on its
+        own node's mask value, which strips that guard (``Dag._guards``); merged into another node's load
+        it carries that node's guard, which only the same value strips. Without mapping the masks too,
+        a cat (guarded loads) before a reduction kept the other node's complementary guards and its
+        epilogue folded to zeros ("guarded off" in every box)."""
+        mine, theirs = self.dag.values[gid].attrs.get("guards", []), self.dag.values[into].attrs.get("guards", [])
+        if list(mine) == list(theirs):
+            return {}
+        if len(set(mine)) != len(set(theirs)):
+            return None
+        outer = ch.accesses[gid].extent == "outer"
+        mask = {g: self.static_over(ch, g, outer) != 0 for g in set(mine) | set(theirs)}
+        pairs: dict[int, int] = {}
+        free = [g for g in dict.fromkeys(theirs) if g not in mine]
+        for g in dict.fromkeys(mine):
+            if g in theirs:
+                continue
+            match = next((t for t in free if np.array_equal(mask[g], mask[t])), None)
+            if match is None:
+                return None
+            free.remove(match)
+            pairs[g] = match
+        return pairs
 
     # --- work division ----------------------------------------------------------------------------
     def _divide(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
