@@ -1,15 +1,19 @@
 """A concatenation feeding a reduction in one fused kernel: ViT-MSN's and YOLOS's embeddings (the class token
 concatenated in front of the transposed patch embeddings, plus the position embeddings) feeding the first
-LayerNorm. Compiled, the whole output was zeros (coverage: compiled cosine 0 while eager passes); the same
-kernel without the LayerNorm, or the LayerNorm without the cat, is right. Found by the coverage sweep, not
-fixed yet: the test is a strict xfail so it fails (XPASS) once the codegen is fixed."""
+LayerNorm. Compiled, the whole output was zeros (coverage: compiled cosine 0 while eager passes): the
+kernel's later node reads the cat again, the pointwise generator merged its guarded loads into the first
+node's but not the masks they are guarded by, so its value kept the first node's two complementary guards
+and was folded to zero everywhere (``PointwiseGenerator._matching_guards``). The variants: the cat along
+each dim (the reduced one too), sum / mean / LayerNorm, fp32 and fp16, against torch on the CPU (the first
+call runs on the checked executor, the second on the fast one: ``check``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from .spyre_compile_helpers import TOL, fresh
+from .spyre_compile_helpers import TOL, check, fresh, specs_of
 
 
 class Embeddings(torch.nn.Module):
@@ -38,7 +42,44 @@ def test_cat_without_a_reduction_after_it():
     _check(norm=False)
 
 
-@pytest.mark.xfail(strict=True, reason="a cat (guarded loads of a transposed operand) feeding a reduction "
-                                       "(LayerNorm) in one fused kernel computes zeros")
 def test_cat_into_a_layer_norm():
     _check(norm=True)
+
+
+def test_cat_into_a_layer_norm_stays_one_kernel():
+    # The fix is in the generator, not a split: the cat, the statistics and the normalisation stay fused.
+    torch.manual_seed(0)
+    x, cls, pos = torch.randn(1, 64, 16), torch.randn(1, 1, 64), torch.randn(1, 17, 64)
+    fn = lambda x, cls, pos: F.layer_norm(torch.cat([cls, x.transpose(1, 2)], 1) + pos, (64,))  # noqa: E731
+    specs = specs_of(fn, x, cls, pos)
+    assert [s.kind for s in specs] == ["reduction"], [s.name for s in specs]
+
+
+# cat_dim -> (shape of the first input, of the patches [B, C, T] before their transpose, of the positions)
+_CATS = {
+    0: ((1, 16, 64), (2, 64, 16), (1, 16, 64)),   # along the batch: [3, 16, 64]
+    1: ((2, 1, 64), (2, 64, 16), (1, 17, 64)),    # along the tokens (ViT's class token): [2, 17, 64]
+    2: ((2, 16, 32), (2, 32, 16), (1, 16, 64)),   # along the reduced features: [2, 16, 64]
+}
+
+_REDUCE = {
+    "sum": lambda e, w, b: e.sum(-1, keepdim=True) - e,
+    "mean": lambda e, w, b: e - e.mean(-1, keepdim=True),
+    "layer_norm": lambda e, w, b: F.layer_norm(e, (e.shape[-1],), w, b),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("reduce", sorted(_REDUCE))
+@pytest.mark.parametrize("cat_dim", sorted(_CATS))
+def test_cat_of_a_transposed_operand_into_a_reduction(cat_dim, reduce, dtype):
+    first, patches, pos = _CATS[cat_dim]
+    red = _REDUCE[reduce]
+
+    def fn(a, p, pos, w, b):
+        return red(torch.cat([a, p.transpose(1, 2)], dim=cat_dim) + pos, w, b)
+
+    torch.manual_seed(cat_dim)
+    args = [torch.randn(s) for s in (first, patches, pos)] + [torch.randn(64), torch.randn(64)]
+    got = check(fn, *[a.to(dtype) for a in args])
+    assert got.abs().amax() > 0.1  # not the zeros the bug gave
