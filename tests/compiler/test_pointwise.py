@@ -180,7 +180,9 @@ def _cat_rows(o, idx, guards):
     i = o("index_expr", dtype="int64", index="x0")
     first = o("lt", i, o("constant", dtype="int64", value=1), dtype="bool")
     rest = o("ge", i, o("constant", dtype="int64", value=1), dtype="bool")
-    rest_guards = [rest] if guards == "one" else [rest, o("lt", i, o("constant", dtype="int64", value=17), dtype="bool")]
+    rest_guards = [rest]
+    if guards == "split":
+        rest_guards.append(o("lt", i, o("constant", dtype="int64", value=17), dtype="bool"))
     zero = o("constant", value=0.0)
     cls = o("where", first, o("load", buffer="cls", index=idx, guards=[first]), zero)
     patch = o("load", buffer="patches", index=f"16*{idx} + ((x0 - 1))", guards=rest_guards)
