@@ -4,6 +4,7 @@ each tile, emission, the scratchpad plan and the decisions recorded in the progr
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import replace
 from typing import Any
@@ -133,6 +134,7 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
         become one value each, and the ops above them merge too (``Dag.merge``)."""
         canon: dict[int, int] = dict(aliases)
         seen: dict[tuple, int] = {}
+        reps: dict[bytes, list[tuple[int, np.ndarray]]] = {}  # a guard mask's digest -> (representative, mask)
         for gid in sorted(ch.accesses):
             a = ch.accesses[gid]
             if self.dag.values[gid].op != "load" or gid in aliases or a.host is None:
@@ -141,37 +143,43 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
             if key not in seen:
                 seen[key] = gid
                 continue
-            guards = self._matching_guards(ch, gid, seen[key])
+            guards = self._matching_guards(ch, gid, seen[key], reps)
             if guards is not None:  # else both loads stay: each node's where strips its own guard
                 canon[gid] = seen[key]
                 canon.update(guards)
         self.dag.merge(canon)
 
-    def _matching_guards(self, ch: Chunk, gid: int, into: int) -> dict[int, int] | None:
-        """The guards of load ``gid`` mapped onto the equal guards of load ``into`` (equal masks over the
-        whole space ``ch``), or None when they do not pair up. A guarded load sits under a ``where`` on its
-        own node's mask value, which strips that guard (``Dag._guards``); merged into another node's load
-        it carries that node's guard, which only the same value strips. Without mapping the masks too,
+    def _matching_guards(self, ch: Chunk, gid: int, into: int, reps: dict) -> dict[int, int] | None:
+        """For load ``gid`` merged into load ``into``: their guards mapped onto one representative value per
+        mask (equal masks over the whole space ``ch``; ``reps`` holds the representatives so far), or None
+        when the two loads' guards do not pair up mask for mask. A guarded load sits under a ``where`` on
+        its own node's mask value, which strips that guard (``Dag._guards``); merged into another node's
+        load it carries that node's guard, which only the same value strips. Without mapping the masks too,
         a cat (guarded loads) before a reduction kept the other node's complementary guards and its
         epilogue folded to zeros ("guarded off" in every box)."""
-        mine, theirs = self.dag.values[gid].attrs.get("guards", []), self.dag.values[into].attrs.get("guards", [])
-        if list(mine) == list(theirs):
+        mine = list(dict.fromkeys(self.dag.values[gid].attrs.get("guards", [])))
+        theirs = list(dict.fromkeys(self.dag.values[into].attrs.get("guards", [])))
+        if mine == theirs:
             return {}
-        if len(set(mine)) != len(set(theirs)):
+        if len(mine) != len(theirs):
             return None
         outer = ch.accesses[gid].extent == "outer"
-        mask = {g: self.static_over(ch, g, outer) != 0 for g in set(mine) | set(theirs)}
-        pairs: dict[int, int] = {}
-        free = [g for g in dict.fromkeys(theirs) if g not in mine]
-        for g in dict.fromkeys(mine):
-            if g in theirs:
-                continue
+        mask = {g: self.static_over(ch, g, outer) != 0 for g in mine + theirs}
+        free = list(theirs)
+        for g in mine:
             match = next((t for t in free if np.array_equal(mask[g], mask[t])), None)
             if match is None:
                 return None
             free.remove(match)
-            pairs[g] = match
-        return pairs
+        out = {}
+        for g in mine + theirs:
+            same = reps.setdefault(hashlib.blake2b(np.packbits(mask[g]).tobytes(), digest_size=16).digest(), [])
+            rep = next((r for r, m in same if np.array_equal(m, mask[g])), None)
+            if rep is None:
+                same.append((g, mask[g]))
+            elif rep != g:
+                out[g] = rep
+        return out
 
     # --- work division ----------------------------------------------------------------------------
     def _divide(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
