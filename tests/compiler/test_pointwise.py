@@ -173,6 +173,49 @@ def test_masked_load_is_split_into_boxes():
     np.testing.assert_array_equal(out["out"], np.concatenate([a, b]))
 
 
+def _cat_rows(o, idx, guards):
+    """Ops of row x0 of cat([cls, patches.T]) at column ``idx``, as Inductor writes them in each node:
+    the node's own index values and masks (``guards``: "one" mask per input, or the patches' mask "split"
+    in two, whose conjunction is the same)."""
+    i = o("index_expr", dtype="int64", index="x0")
+    first = o("lt", i, o("constant", dtype="int64", value=1), dtype="bool")
+    rest = o("ge", i, o("constant", dtype="int64", value=1), dtype="bool")
+    rest_guards = [rest]
+    if guards == "split":
+        rest_guards.append(o("lt", i, o("constant", dtype="int64", value=17), dtype="bool"))
+    zero = o("constant", value=0.0)
+    cls = o("where", first, o("load", buffer="cls", index=idx, guards=[first]), zero)
+    patch = o("load", buffer="patches", index=f"16*{idx} + ((x0 - 1))", guards=rest_guards)
+    return o("where", first, cls, o("where", rest, patch, zero))
+
+
+@pytest.mark.parametrize("guards", ["one", "split"])
+def test_cat_read_again_after_its_reduction(guards):
+    # ViT's embeddings into a centring (LayerNorm's first half): the row sum of the cat is stored to an
+    # internal buffer by one node and read by the next, which reads the cat again. The generator merges the
+    # second node's loads into the first's; the second node's masks must follow them (mapped onto the first
+    # node's equal masks, or the loads stay apart), or its where keeps the other node's complementary guards
+    # and the whole output folds to zeros.
+    o = Ops()
+    o("store", o("reduction", _cat_rows(o, "r0", "one"), reduction="sum"), buffer="buf0", index="x0", reduction=True)
+    n0 = NodeSpec("op0", [17], [64], "reduction", o.ops)
+    o = Ops()
+    e = _cat_rows(o, "x1", guards)
+    mean = o("truediv", o("load", buffer="buf0", index="x0"), o("constant", value=64.0))
+    o("store", o("sub", e, mean), buffer="out", index="64*x0 + x1")
+    n1 = NodeSpec("op1", [17, 64], [], "full", o.ops)
+    spec = KernelSpec("k_cat_centre", [17], [64], [n0, n1],
+                      [buf("cls", [64], "input"), buf("patches", [64, 16], "input"), buf("out", [17, 64], "output")],
+                      internal=["buf0"])
+    rng = np.random.default_rng(0)
+    cls, patches = rng.standard_normal(64).astype(np.float32), rng.standard_normal((64, 16)).astype(np.float32)
+    out, _ = run(spec, {"cls": cls, "patches": patches},
+                 {"cls": StickLayout((64,), 0, "float32"), "patches": StickLayout((64, 16), 1, "float32"),
+                  "out": StickLayout((17, 64), 1, "float32")})
+    e = np.concatenate([cls[None], patches.T])
+    np.testing.assert_allclose(out["out"].reshape(17, 64), e - e.mean(1, keepdims=True), atol=1e-5, rtol=1e-5)
+
+
 def test_scratchpad_that_cannot_fit_is_a_clear_error():
     cfg = load_config(scratchpad_plannable_bytes=128)
     with pytest.raises(ScratchpadOverflowError, match="plannable"):
