@@ -1,5 +1,6 @@
 """Scratchpad access with the checks real hardware skips: bounds, reads of bytes nothing wrote in this
-execution (a written-mask per byte), and the per-stick epochs the ring's overwrite check reads."""
+execution (a written-mask per byte), and the record of each core's uses that the scratchpad race check
+reads."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 
 from ...program import STICK_BYTES, DmaPattern, SpTensor
 from .. import vector_ops
-from .state import CoreState, ExecutionError, stick_slice
+from .state import CoreState, ExecutionError
 
 
 class ScratchpadAccess:
@@ -33,8 +34,8 @@ class ScratchpadAccess:
                           strides=tuple(s * isz for s in t.strides))
 
     def _touch(self, st: CoreState, lo: int, hi: int) -> None:
-        """Note that ``st`` accesses scratchpad bytes [lo, hi) now, for the ring's overwrite check."""
-        st.touched[stick_slice(lo, hi)] = st.vc[st.id]
+        """Note that ``st``'s current instruction accesses scratchpad bytes [lo, hi), for the race check."""
+        st.uses.append((st.pc, lo, hi, -1))
 
     def _mask_view(self, st: CoreState, t: SpTensor) -> np.ndarray:
         isz = t.itemsize
@@ -50,8 +51,12 @@ class ScratchpadAccess:
         note = ""
         for t in self.in_flight.get(st.id, []):
             if t.dst_offset <= offset < t.dst_offset + t.nbytes:
-                note = (f"; it is in flight from core {t.src_core}'s ring_send (instruction {t.src_index}): "
-                        f"ring_recv it before reading")
+                # The send ran before this read yet the receive comes after it: a scratchpad race.
+                note = (f"; it is in flight from core {t.src_core}'s ring_send (instruction {t.src_index}): if this "
+                        "reads that transfer, ring_recv it first; if the bytes belong to another buffer, this is a "
+                        f"scratchpad race (the transfer may land while this instruction reads them): give the "
+                        f"transfer bytes of its own, or signal core {t.src_core} once done with them and have it "
+                        "wait before sending")
                 break
         raise self._fail(st, f"{what} reads scratchpad byte {offset} ({offset:#x}), which nothing wrote in "
                              f"this execution{note}. Load or compute it first.")

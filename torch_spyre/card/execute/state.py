@@ -71,7 +71,12 @@ class CoreState:
     sp: np.ndarray
     written: np.ndarray
     vc: np.ndarray  # vector clock: vc[id] is this core's epoch (from 1), the rest what it knows of others
-    touched: np.ndarray  # per scratchpad stick: this core's epoch when it last accessed it (0: never)
+    # Scratchpad uses, in program order, for the scratchpad race check: (pc, lo, hi, received) per access
+    # of bytes [lo, hi) by this core's instruction pc (received -1), or per ring_recv completing
+    # ``Execution.received[received]`` into them.
+    uses: list[tuple[int, int, int, int]] = field(default_factory=list)
+    # epoch_start[e]: the first instruction of this core's epoch e (epochs count from 1; [0] is a pad).
+    epoch_start: list[int] = field(default_factory=lambda: [0, 0])
     pc: int = 0
     segment: int | None = None  # index of the current vector-clock snapshot used by DMA records
     barrier_key: tuple | None = None  # the barrier instance this core has arrived at
@@ -85,6 +90,7 @@ class CoreState:
         """Publish this core's clock (to a Signal, RingSend or Barrier) and start a new epoch."""
         snapshot = self.vc.copy()
         self.vc[self.id] += 1
+        self.epoch_start.append(self.pc + 1)  # this instruction's own uses belong to the epoch it ends
         self.segment = None
         return snapshot
 
@@ -102,6 +108,21 @@ class DeviceAccess:
     segment: int
     write: bool
     sticks: np.ndarray  # device stick numbers (address // 128)
+
+
+@dataclass
+class Received:
+    """A completed ring transfer: core ``src_core``'s RingSend ``src_index`` wrote bytes [lo, hi) of core
+    ``dst_core``'s scratchpad, at some moment between the send and ``dst_core``'s RingRecv ``recv_index``.
+    ``known`` is the receiver's epoch the sender knew of when sending (its uses up to it happen before)."""
+
+    src_core: int
+    src_index: int
+    dst_core: int
+    recv_index: int
+    lo: int
+    hi: int
+    known: int
 
 
 @dataclass
