@@ -505,8 +505,9 @@ def test_ring_data_is_not_readable_before_ring_recv(card):
         0: [X.load(0, 0, 8, 0, 64), RingSend(1, 0, 0, 1024, tag=2)],
         1: [ew("exp", ROWS2, ROWS), RingRecv(0, tag=2), Y.store(ROWS2.offset, 0, 8, 0, 64)],
     }
-    with pytest.raises(ExecutionError, match=r"core 1, instruction 0 \(exp.*in flight from core 0's ring_send "
-                                             r"\(instruction 1\): if this reads that transfer, ring_recv it first"):
+    with pytest.raises(ExecutionError, match=r"core 1, instruction 0 \(exp.*scratchpad race on core 1: input 0 reads "
+                                             r"scratchpad byte 0 \(0x0\), which core 0's ring_send \(instruction 1\) "
+                                             r"is writing .* If this reads that transfer, ring_recv it first"):
         run_small(card, cores, [X.operand(), Y.operand()], {"x": ONES}, check=True)
 
 

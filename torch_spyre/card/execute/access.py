@@ -48,18 +48,17 @@ class ScratchpadAccess:
         # Find the first missing byte to say exactly where: the mask view's byte offsets.
         missing = np.argwhere(~mask)[0]
         offset = base + int(sum(int(i) * s for i, s in zip(missing, mask.strides)))
-        note = ""
         for t in self.in_flight.get(st.id, []):
             if t.dst_offset <= offset < t.dst_offset + t.nbytes:
                 # The send ran before this read yet the receive comes after it: a scratchpad race.
-                note = (f"; it is in flight from core {t.src_core}'s ring_send (instruction {t.src_index}): if this "
-                        "reads that transfer, ring_recv it first; if the bytes belong to another buffer, this is a "
-                        f"scratchpad race (the transfer may land while this instruction reads them): give the "
-                        f"transfer bytes of its own, or signal core {t.src_core} once done with them and have it "
-                        "wait before sending")
-                break
+                raise self._fail(st, f"scratchpad race on core {st.id}: {what} reads scratchpad byte {offset} "
+                                     f"({offset:#x}), which core {t.src_core}'s ring_send (instruction {t.src_index}) "
+                                     "is writing (sent, not yet received here). If this reads that transfer, "
+                                     "ring_recv it first; if the bytes belong to another buffer, the transfer may "
+                                     "land while this instruction reads them: give the transfer bytes of its own, "
+                                     f"or signal core {t.src_core} once done with them and have it wait before sending.")
         raise self._fail(st, f"{what} reads scratchpad byte {offset} ({offset:#x}), which nothing wrote in "
-                             f"this execution{note}. Load or compute it first.")
+                             "this execution. Load or compute it first.")
 
     def _read(self, st: CoreState, t: SpTensor, what: str) -> np.ndarray:
         """The values of ``t`` for computing: fp32 for floats, int64 for integers, bool for bool."""
