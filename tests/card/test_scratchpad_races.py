@@ -14,7 +14,7 @@ from torch_spyre.card.execute import ExecutionError, resolve_addresses
 from torch_spyre.card.execute.driver import Execution
 from torch_spyre.card.execute.state import scratchpads
 from torch_spyre.card.validate import validate
-from torch_spyre.program import Elementwise, Program, RingRecv, RingSend, Signal, SpTensor, Wait
+from torch_spyre.program import Barrier, Elementwise, Program, RingRecv, RingSend, Signal, SpTensor, Wait
 
 DL = "dlfloat16"
 X = DeviceTensor("x", (8, 64))
@@ -108,3 +108,90 @@ def test_a_use_between_the_signal_and_the_receive_races_in_every_core_order(card
 @pytest.mark.parametrize("order", [(0, 1), (1, 0)])
 def test_a_use_before_the_signal_passes_in_every_core_order(card, order):
     run_in_order(card, early_signal(ordered=True), order)
+
+
+def brute_force_races(ex) -> set[tuple[int, int, int]]:
+    """An independent oracle: happens-before between instructions built from the matching itself (k-th
+    send to k-th receive per source, destination and tag; k-th signal to k-th wait; k-th barrier instance),
+    closed by a fixed point, then every (transfer, earlier use of its bytes on the receiver) pair checked.
+    Returns (sender, send index, receiver's use index) for each race."""
+    prog = ex.program
+    cores = sorted(ex.active)
+    col = {c: k for k, c in enumerate(cores)}
+    sends, signals, arrivals, seen = {}, {}, {}, {}
+    for c in cores:
+        for pc, ins in enumerate(prog.cores[c]):
+            if isinstance(ins, (RingSend, Signal)):
+                sends.setdefault((type(ins), c, ins.dst_core, ins.tag), []).append(pc)
+    preds: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for c in cores:
+        for pc, ins in enumerate(prog.cores[c]):
+            if isinstance(ins, (RingRecv, Wait)):
+                key = (RingSend if isinstance(ins, RingRecv) else Signal, ins.src_core, c, ins.tag)
+                k = seen[key] = seen.get(key, -1) + 1
+                preds.setdefault((c, pc), []).append((ins.src_core, sends[key][k]))
+            if isinstance(ins, Barrier):
+                key = ("barrier", c, ins.tag)
+                k = seen[key] = seen.get(key, -1) + 1
+                arrivals.setdefault((ins.tag, k), []).append((c, pc))
+    for group in arrivals.values():
+        for c, pc in group:
+            preds.setdefault((c, pc), []).extend((c2, pc2 - 1) for c2, pc2 in group if c2 != c and pc2 > 0)
+    # last[c][pc][col[c2]]: the last instruction of core c2 that happens before (or is) (c, pc)
+    last = {c: [[-1] * len(cores) for _ in prog.cores[c]] for c in cores}
+    changed = True
+    while changed:
+        changed = False
+        for c in cores:
+            for pc in range(len(prog.cores[c])):
+                row = [pc if k == col[c] else -1 for k in range(len(cores))]
+                sources = ([last[c][pc - 1]] if pc else []) + [last[c2][p2] for c2, p2 in preds.get((c, pc), [])]
+                for other in sources:
+                    row = [max(a, b) for a, b in zip(row, other)]
+                if row != last[c][pc]:
+                    last[c][pc] = row
+                    changed = True
+    out = set()
+    for t in ex.received:
+        for pc, lo, hi, _ in ex.cores[t.dst_core].uses:
+            if pc < t.recv_index and lo < t.hi and hi > t.lo and last[t.src_core][t.src_index][col[t.dst_core]] < pc:
+                out.add((t.src_core, t.src_index, pc))
+    return out
+
+
+@pytest.mark.parametrize("name,cores,order,races", [
+    ("two senders", two_senders(False), (0, 1, 2), {(2, 2, 0)}),  # the window check's verdict, independently
+    ("two senders, ordered", two_senders(True), (0, 1, 2), set()),
+    ("early signal", early_signal(False), (1, 0), {(0, 2, 2)}),
+    ("use before signal", early_signal(True), (1, 0), set()),
+])
+def test_the_window_check_agrees_with_a_brute_force_happens_before(card, monkeypatch, name, cores, order, races):
+    from torch_spyre.card.execute.scratchpad_races import ScratchpadRaceCheck
+
+    executions = []
+    real = ScratchpadRaceCheck._check_scratchpad_races
+
+    def keep(self):
+        executions.append(self)
+        real(self)
+
+    monkeypatch.setattr(ScratchpadRaceCheck, "_check_scratchpad_races", keep)
+    if races:
+        with pytest.raises(ExecutionError, match="scratchpad race"):
+            run_in_order(card, cores, order)
+    else:
+        run_in_order(card, cores, order)
+    assert brute_force_races(executions[0]) == races
+
+
+@pytest.mark.parametrize("name", ["all_to_all", "matmul_ksplit", "minilm_attention", "softmax_scratchpad"])
+def test_hand_written_programs_have_no_race_by_brute_force_either(card, monkeypatch, name):
+    from benchmarks.programs import ALL_BUILDERS, run_on_card
+    from torch_spyre.card.execute.scratchpad_races import ScratchpadRaceCheck
+
+    executions = []
+    real = ScratchpadRaceCheck._check_scratchpad_races
+    monkeypatch.setattr(ScratchpadRaceCheck, "_check_scratchpad_races", lambda self: (executions.append(self), real(self)))
+    built = ALL_BUILDERS[name]()
+    run_on_card(card, built.program, built.make_inputs(0))
+    assert brute_force_races(executions[0]) == set()

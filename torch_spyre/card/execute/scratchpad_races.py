@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .races import _concat_ranges
 from .state import ExecutionError, Received, short
+
+_PAIRS = 1 << 20
 
 
 class ScratchpadRaceCheck:
@@ -27,19 +30,35 @@ class ScratchpadRaceCheck:
     def _check_scratchpad_races(self) -> None:
         if not self.received:
             return
-        uses: dict[int, np.ndarray] = {}
-        for t in sorted(self.received, key=lambda t: (t.dst_core, t.recv_index)):
-            st = self.cores[t.dst_core]
-            u = uses.get(t.dst_core)
-            if u is None:
-                u = uses[t.dst_core] = np.array(st.uses, dtype=np.int64).reshape(-1, 4)
-            start = st.epoch_start[t.known + 1]
-            lo, hi = np.searchsorted(u[:, 0], (start, t.recv_index), side="left")
-            window = u[lo:hi]
-            clash = np.flatnonzero((window[:, 1] < t.hi) & (window[:, 2] > t.lo))
-            if clash.size:
-                pc, a, b, received = (int(v) for v in window[clash[0]])
-                self._scratchpad_race(t, pc, a, b, received)
+        by_core: dict[int, list[int]] = {}
+        for k, t in enumerate(self.received):
+            by_core.setdefault(t.dst_core, []).append(k)
+        for core in sorted(by_core):
+            st = self.cores[core]
+            uses = np.array(st.uses, dtype=np.int64).reshape(-1, 4)
+            ts = [self.received[k] for k in by_core[core]]  # in the receiver's program order
+            known = np.array([t.known for t in ts], dtype=np.int64)
+            t_lo = np.array([t.lo for t in ts], dtype=np.int64)
+            t_hi = np.array([t.hi for t in ts], dtype=np.int64)
+            # Each transfer's window of uses: from the first instruction of the first epoch its sender did
+            # not know of, up to (not including) its ring_recv.
+            first = np.asarray(st.epoch_start, dtype=np.int64)[known + 1]
+            begin = np.searchsorted(uses[:, 0], first, side="left")
+            end = np.searchsorted(uses[:, 0], np.array([t.recv_index for t in ts], dtype=np.int64), side="left")
+            lengths = np.maximum(end - begin, 0)
+            # All windows at once, in chunks of at most _PAIRS (transfer, use) pairs to bound memory.
+            before = np.cumsum(lengths) - lengths
+            lo = 0
+            while lo < len(ts):
+                hi = max(lo + 1, int(np.searchsorted(before, before[lo] + _PAIRS, side="right")))
+                n = lengths[lo:hi]
+                pos = _concat_ranges(begin[lo:hi], n)
+                tid = np.repeat(np.arange(lo, hi), n)
+                clash = np.flatnonzero((uses[pos, 1] < t_hi[tid]) & (uses[pos, 2] > t_lo[tid]))
+                if clash.size:  # the first transfer (in receive order) with a race, and its first racing use
+                    pc, u_lo, u_hi, received = (int(v) for v in uses[pos[clash[0]]])
+                    self._scratchpad_race(ts[int(tid[clash[0]])], pc, u_lo, u_hi, received)
+                lo = hi
 
     def _scratchpad_race(self, t: Received, pc: int, lo: int, hi: int, received: int) -> None:
         dst = self.cores[t.dst_core]

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ...program import STICK_BYTES, Instruction, ProgramError, format_instruction
+from ...program import Instruction, ProgramError, format_instruction
 
 
 class ExecutionError(ProgramError):
@@ -21,11 +21,6 @@ class ExecutionError(ProgramError):
 def short(ins: Instruction) -> str:
     """An instruction's text on one line with single spaces, for quoting inside a message."""
     return " ".join(format_instruction(ins).split())
-
-
-def stick_slice(lo: int, hi: int) -> slice:
-    """The scratchpad sticks holding bytes [lo, hi)."""
-    return slice(lo // STICK_BYTES, -(-hi // STICK_BYTES))
 
 
 # Scratchpads are kept per card across executions: allocating 2 MiB x 32 per launch costs more than the
