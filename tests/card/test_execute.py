@@ -505,8 +505,9 @@ def test_ring_data_is_not_readable_before_ring_recv(card):
         0: [X.load(0, 0, 8, 0, 64), RingSend(1, 0, 0, 1024, tag=2)],
         1: [ew("exp", ROWS2, ROWS), RingRecv(0, tag=2), Y.store(ROWS2.offset, 0, 8, 0, 64)],
     }
-    with pytest.raises(ExecutionError, match=r"core 1, instruction 0 \(exp.*in flight from core 0's ring_send "
-                                             r"\(instruction 1\): ring_recv it before reading"):
+    with pytest.raises(ExecutionError, match=r"core 1, instruction 0 \(exp.*scratchpad race on core 1: input 0 reads "
+                                             r"scratchpad byte 0 \(0x0\), which core 0's ring_send \(instruction 1\) "
+                                             r"is writing .* If this reads that transfer, ring_recv it first"):
         run_small(card, cores, [X.operand(), Y.operand()], {"x": ONES}, check=True)
 
 
@@ -527,8 +528,8 @@ def test_ring_send_overwriting_a_buffer_still_in_use(card):
         1: [X.load(0, 0, 8, 0, 64), Signal(0, tag=5), ew("exp", ROWS2, ROWS), RingRecv(0, tag=2),
             Y.store(0, 0, 8, 0, 64)],
     }
-    with pytest.raises(ExecutionError, match=r"core 0, instruction 2 \(ring_send.*core 1 uses scratchpad bytes "
-                                             r"\[0, 1024\) with nothing ordering that before this ring_send"):
+    with pytest.raises(ExecutionError, match=r"core 0, instruction 2 \(ring_send.*scratchpad race on core 1: .*"
+                                             r"core 1's instruction 2 \(exp .*\), which uses bytes \[0, 1024\)"):
         run_small(card, cores, [X.operand(), Y.operand()], {"x": ONES}, check=True)
 
 

@@ -12,6 +12,9 @@ raises :class:`ExecutionError` naming the core and the instruction:
 - a DMA whose device range is not inside one live allocation;
 - two cores touching the same device sticks, at least one writing, with no happens-before between
   them (vector clocks; Signal/Wait, RingSend/RingRecv and Barrier order cores);
+- a ring transfer racing with the receiver's other uses of its destination bytes (or with another
+  transfer into them): a use neither happening before the send nor after the RingRecv, checked from
+  happens-before alone after the run (``scratchpad_races``), so not depending on the core order;
 - a gather index outside ``[0, num_rows)``;
 - a deadlock: every unfinished core blocked, each named with what it waits for.
 
@@ -28,9 +31,9 @@ Time is not computed here (see card/timing); :class:`ExecutionStats` only counts
 
 Modules: ``driver`` (the run loop, deadlocks, ``execute``, ``resolve_addresses``), ``dma`` (the DMA
 engine), ``compute`` (PE arrays and vector unit), ``ring`` (ring and sync), ``access`` (scratchpad
-bounds and written-byte checks), ``races`` (the device-memory race check), ``proof`` (checked or fast), ``schedule`` and ``fast`` (the
-fast executor), ``state`` (per-core state,
-scratchpads, ``ExecutionError``), ``stats`` (``ExecutionStats``). The vector ops' semantics are
+bounds and written-byte checks), ``races`` (the device-memory race check), ``scratchpad_races`` (ring
+transfers against the receiver's uses), ``proof`` (checked or fast), ``schedule`` and ``fast`` (the fast
+executor), ``state`` (per-core state, scratchpads, ``ExecutionError``), ``stats`` (``ExecutionStats``). The vector ops' semantics are
 :mod:`torch_spyre.card.vector_ops`.
 """
 

@@ -1,5 +1,6 @@
 """Scratchpad access with the checks real hardware skips: bounds, reads of bytes nothing wrote in this
-execution (a written-mask per byte), and the per-stick epochs the ring's overwrite check reads."""
+execution (a written-mask per byte), and the record of each core's uses that the scratchpad race check
+reads."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 
 from ...program import STICK_BYTES, DmaPattern, SpTensor
 from .. import vector_ops
-from .state import CoreState, ExecutionError, stick_slice
+from .state import CoreState, ExecutionError
 
 
 class ScratchpadAccess:
@@ -33,8 +34,8 @@ class ScratchpadAccess:
                           strides=tuple(s * isz for s in t.strides))
 
     def _touch(self, st: CoreState, lo: int, hi: int) -> None:
-        """Note that ``st`` accesses scratchpad bytes [lo, hi) now, for the ring's overwrite check."""
-        st.touched[stick_slice(lo, hi)] = st.vc[st.id]
+        """Note that ``st``'s current instruction accesses scratchpad bytes [lo, hi), for the race check."""
+        st.uses.append((st.pc, lo, hi, -1))
 
     def _mask_view(self, st: CoreState, t: SpTensor) -> np.ndarray:
         isz = t.itemsize
@@ -47,14 +48,17 @@ class ScratchpadAccess:
         # Find the first missing byte to say exactly where: the mask view's byte offsets.
         missing = np.argwhere(~mask)[0]
         offset = base + int(sum(int(i) * s for i, s in zip(missing, mask.strides)))
-        note = ""
         for t in self.in_flight.get(st.id, []):
             if t.dst_offset <= offset < t.dst_offset + t.nbytes:
-                note = (f"; it is in flight from core {t.src_core}'s ring_send (instruction {t.src_index}): "
-                        f"ring_recv it before reading")
-                break
+                # The send ran before this read yet the receive comes after it: a scratchpad race.
+                raise self._fail(st, f"scratchpad race on core {st.id}: {what} reads scratchpad byte {offset} "
+                                     f"({offset:#x}), which core {t.src_core}'s ring_send (instruction {t.src_index}) "
+                                     "is writing (sent, not yet received here). If this reads that transfer, "
+                                     "ring_recv it first; if the bytes belong to another buffer, the transfer may "
+                                     "land while this instruction reads them: give the transfer bytes of its own, "
+                                     f"or signal core {t.src_core} once done with them and have it wait before sending.")
         raise self._fail(st, f"{what} reads scratchpad byte {offset} ({offset:#x}), which nothing wrote in "
-                             f"this execution{note}. Load or compute it first.")
+                             "this execution. Load or compute it first.")
 
     def _read(self, st: CoreState, t: SpTensor, what: str) -> np.ndarray:
         """The values of ``t`` for computing: fp32 for floats, int64 for integers, bool for bool."""

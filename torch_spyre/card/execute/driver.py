@@ -1,5 +1,6 @@
 """The driver: one execution of a program, running each core's instruction stream in turn, each until it
-blocks on Wait/RingRecv/Barrier, round-robin; then the end-of-run checks (leftover transfers, races)."""
+blocks on Wait/RingRecv/Barrier, round-robin; then the end-of-run checks (leftover transfers, scratchpad
+and device memory races)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from typing import Any, Callable
 import numpy as np
 
 from ...program import (
-    STICK_BYTES,
     Barrier,
     DmaGather,
     DmaLoad,
@@ -32,8 +32,9 @@ from .access import ScratchpadAccess
 from .compute import ComputeUnits
 from .dma import DmaEngine
 from .races import RaceCheck
+from .scratchpad_races import ScratchpadRaceCheck
 from .ring import RingAndSync
-from .state import CoreState, DeviceAccess, ExecutionError, InFlight, scratchpads, short
+from .state import CoreState, DeviceAccess, ExecutionError, InFlight, Received, scratchpads, short
 from .stats import ExecutionStats
 
 
@@ -53,7 +54,7 @@ def resolve_addresses(program: Program, bases: dict[str, int]) -> dict[int, np.n
     return out
 
 
-class Execution(ScratchpadAccess, DmaEngine, ComputeUnits, RingAndSync, RaceCheck):
+class Execution(ScratchpadAccess, DmaEngine, ComputeUnits, RingAndSync, ScratchpadRaceCheck, RaceCheck):
     """One run of ``program`` on ``card``: the state every engine's handler reads and writes."""
 
     def __init__(self, card: Any, program: Program, dma_addresses: dict[int, np.ndarray]):
@@ -76,8 +77,7 @@ class Execution(ScratchpadAccess, DmaEngine, ComputeUnits, RingAndSync, RaceChec
                 )
             vc = np.zeros(n, dtype=np.int64)
             vc[c] = 1  # epoch 0 means "nothing yet": what another core knows of this one before any sync
-            touched = np.zeros(-(-self.config.scratchpad_bytes // STICK_BYTES), dtype=np.int64)
-            self.cores[c] = CoreState(c, instrs, addrs, *self.pads.get(c), vc=vc, touched=touched)
+            self.cores[c] = CoreState(c, instrs, addrs, *self.pads.get(c), vc=vc)
         self.active = [c for c, st in self.cores.items() if st.instrs]
         self.signals: dict[tuple[int, int, int], deque] = defaultdict(deque)  # (src, dst, tag)
         self.ring: dict[tuple[int, int, int], deque] = defaultdict(deque)  # (src, dst, tag)
@@ -85,6 +85,7 @@ class Execution(ScratchpadAccess, DmaEngine, ComputeUnits, RingAndSync, RaceChec
         self.barriers: dict[tuple, dict[str, Any]] = {}
         self.segments: list[tuple[int, int, np.ndarray]] = []  # (core, epoch, vector clock)
         self.accesses: list[DeviceAccess] = []
+        self.received: list[Received] = []  # completed ring transfers, for the scratchpad race check
 
     def run(self) -> ExecutionStats:
         while True:
@@ -97,6 +98,7 @@ class Execution(ScratchpadAccess, DmaEngine, ComputeUnits, RingAndSync, RaceChec
             if not progressed:
                 self._deadlock(pending)
         self._check_leftovers()
+        self._check_scratchpad_races()
         self._check_races()
         return self.stats
 

@@ -1,8 +1,8 @@
 """One program on one card: checked until proved, fast afterwards.
 
 The checked executor's checks on a program do not depend on the data it moves: scratchpad bounds, reads
-of unwritten bytes, ring overwrites, deadlocks and races follow from the instructions alone, and from
-which operands share device memory (two operands bound to overlapping bytes can race where disjoint
+of unwritten bytes, deadlocks and races (in device memory and in scratchpads) follow from the instructions
+alone, and from which operands share device memory (two operands bound to overlapping bytes can race where disjoint
 ones cannot). So the first run of a program, which is checked, proves them for every later run whose
 operands overlap in the same way; those run on the fast executor (``fast``). What does depend on data is
 still checked every time: gather indices, integer division by zero. A program whose gathers read an

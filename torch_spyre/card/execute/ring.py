@@ -2,7 +2,9 @@
 Each orders cores: the vector clocks travel with the data or token, and the race check reads them.
 
 A RingSend copies its bytes into the destination scratchpad at once but marks them written only when
-the receiver's RingRecv completes: until then the receiver may neither read nor write them.
+the receiver's RingRecv completes: until then the receiver may neither read nor write them. Whether the
+receiver's other uses of those bytes are ordered against the transfer is checked after the run, from
+happens-before alone (``scratchpad_races``).
 A handler returns False while its core is blocked (nothing to receive, a barrier not yet full)."""
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...program import Barrier, RingRecv, RingSend, Signal, Wait
-from .state import CoreState, InFlight, stick_slice
+from .state import CoreState, InFlight, Received
 
 
 class RingAndSync:
@@ -31,11 +33,15 @@ class RingAndSync:
         self._touch(st, src.start, src.stop)
         for t in self.in_flight[ins.dst_core]:
             if t.dst_offset < dst.stop and dst.start < t.dst_offset + t.nbytes:
-                raise self._fail(st, f"destination bytes [{dst.start}, {dst.stop}) of core {ins.dst_core} overlap a "
-                                     f"transfer still in flight from core {t.src_core} (instruction {t.src_index}); "
-                                     "the receiver must ring_recv it first")
+                # Its receive cannot happen before this send: a race whatever the order (see scratchpad_races).
+                raise self._fail(st, f"scratchpad race on core {ins.dst_core}: this ring_send writes its bytes "
+                                     f"[{dst.start}, {dst.stop}) while core {t.src_core}'s ring_send (instruction "
+                                     f"{t.src_index}) into bytes [{t.dst_offset}, {t.dst_offset + t.nbytes}) is still "
+                                     "in flight, so the two transfers may land in either order. Fix the generator: "
+                                     "give them disjoint destination bytes, or have core "
+                                     f"{ins.dst_core} signal the second sender after it receives (and last reads) "
+                                     "the first transfer, and that sender wait for it before its ring_send")
         target = self.cores[ins.dst_core]
-        self._check_overwrite(st, target, dst)
         target.sp[dst] = st.sp[src]
         # Until the receiver's ring_recv, the bytes are in flight: not readable there.
         target.written[dst] = False
@@ -45,17 +51,6 @@ class RingAndSync:
         self.stats._add(self.stats.ring_bytes, st.id, ins.nbytes)
         return True
 
-    def _check_overwrite(self, st: CoreState, target: CoreState, dst: slice) -> None:
-        """The receiver's earlier uses of the destination bytes must happen before this send lands, or
-        the data could arrive while the receiver still reads or writes them (whatever order this
-        simulation happened to run the cores in)."""
-        sticks = target.touched[stick_slice(dst.start, dst.stop)]
-        last = int(sticks.max()) if sticks.size else 0
-        if last > st.vc[target.id]:
-            raise self._fail(st, f"core {target.id} uses scratchpad bytes [{dst.start}, {dst.stop}) with nothing "
-                                 f"ordering that before this ring_send overwrites them; have core {target.id} "
-                                 "signal this core when the buffer is free, and wait for that before sending")
-
     def _ring_recv(self, st: CoreState, ins: RingRecv) -> bool:
         q = self.ring.get((ins.src_core, st.id, ins.tag))
         if not q:
@@ -63,10 +58,17 @@ class RingAndSync:
         t = q.popleft()
         dst = slice(t.dst_offset, t.dst_offset + t.nbytes)
         if st.written[dst].any():
-            raise self._fail(st, f"this core wrote scratchpad bytes [{dst.start}, {dst.stop}) while core "
-                                 f"{t.src_core}'s ring_send (instruction {t.src_index}) was in flight into them")
+            raise self._fail(st, f"scratchpad race on core {st.id}: this core wrote scratchpad bytes [{dst.start}, "
+                                 f"{dst.stop}) while core {t.src_core}'s ring_send (instruction {t.src_index}) was in "
+                                 "flight into them. Fix the generator: give the transfer bytes of its own, or signal "
+                                 f"core {t.src_core} once done with them and have it wait before sending")
         self.in_flight[st.id].remove(t)
         self._mark_written(st, st.written[dst], dst.stop)
+        # The transfer wrote these bytes at some moment between its send and now: record it as a use here,
+        # for the scratchpad race check (which orders it against this core's other uses).
+        st.uses.append((st.pc, dst.start, dst.stop, len(self.received)))
+        self.received.append(Received(t.src_core, t.src_index, st.id, st.pc, dst.start, dst.stop,
+                                      int(t.vc[st.id])))
         st.acquire(t.vc)
         return True
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ...program import STICK_BYTES, Instruction, ProgramError, format_instruction
+from ...program import Instruction, ProgramError, format_instruction
 
 
 class ExecutionError(ProgramError):
@@ -21,11 +21,6 @@ class ExecutionError(ProgramError):
 def short(ins: Instruction) -> str:
     """An instruction's text on one line with single spaces, for quoting inside a message."""
     return " ".join(format_instruction(ins).split())
-
-
-def stick_slice(lo: int, hi: int) -> slice:
-    """The scratchpad sticks holding bytes [lo, hi)."""
-    return slice(lo // STICK_BYTES, -(-hi // STICK_BYTES))
 
 
 # Scratchpads are kept per card across executions: allocating 2 MiB x 32 per launch costs more than the
@@ -71,7 +66,12 @@ class CoreState:
     sp: np.ndarray
     written: np.ndarray
     vc: np.ndarray  # vector clock: vc[id] is this core's epoch (from 1), the rest what it knows of others
-    touched: np.ndarray  # per scratchpad stick: this core's epoch when it last accessed it (0: never)
+    # Scratchpad uses, in program order, for the scratchpad race check: (pc, lo, hi, received) per access
+    # of bytes [lo, hi) by this core's instruction pc (received -1), or per ring_recv completing
+    # ``Execution.received[received]`` into them.
+    uses: list[tuple[int, int, int, int]] = field(default_factory=list)
+    # epoch_start[e]: the first instruction of this core's epoch e (epochs count from 1; [0] is a pad).
+    epoch_start: list[int] = field(default_factory=lambda: [0, 0])
     pc: int = 0
     segment: int | None = None  # index of the current vector-clock snapshot used by DMA records
     barrier_key: tuple | None = None  # the barrier instance this core has arrived at
@@ -85,6 +85,7 @@ class CoreState:
         """Publish this core's clock (to a Signal, RingSend or Barrier) and start a new epoch."""
         snapshot = self.vc.copy()
         self.vc[self.id] += 1
+        self.epoch_start.append(self.pc + 1)  # this instruction's own uses belong to the epoch it ends
         self.segment = None
         return snapshot
 
@@ -102,6 +103,21 @@ class DeviceAccess:
     segment: int
     write: bool
     sticks: np.ndarray  # device stick numbers (address // 128)
+
+
+@dataclass
+class Received:
+    """A completed ring transfer: core ``src_core``'s RingSend ``src_index`` wrote bytes [lo, hi) of core
+    ``dst_core``'s scratchpad, at some moment between the send and ``dst_core``'s RingRecv ``recv_index``.
+    ``known`` is the receiver's epoch the sender knew of when sending (its uses up to it happen before)."""
+
+    src_core: int
+    src_index: int
+    dst_core: int
+    recv_index: int
+    lo: int
+    hi: int
+    known: int
 
 
 @dataclass
