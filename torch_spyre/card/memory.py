@@ -15,6 +15,7 @@ import bisect
 import mmap
 import threading
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -84,8 +85,10 @@ class Allocation:
     # nothing is stored; readers refuse such memory instead of returning garbage.
     has_data: bool = True
 
-    @property
+    @cached_property
     def host_ptr(self) -> int:
+        """Where ``buffer`` starts in host memory (the buffer of an allocation never changes; numpy's
+        ``ctypes.data`` costs microseconds, and allocating and freeing asks for it several times)."""
         return int(self.buffer.ctypes.data)
 
     @property

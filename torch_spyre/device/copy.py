@@ -70,6 +70,8 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     if timing_only.enabled() or not tensor.has_data(src):  # nothing to move: the copy is only timed
         read_moved, written = tensor.transfer_size(src), tensor.transfer_size(dst)
         tensor.mark_no_data(dst)
+    elif (moved := tensor.copy_within(src, dst)) is not None:  # a bit move: one gather of device elements
+        read_moved, written = moved
     else:
         # A conversion on the card goes through fp32, never IEEE fp16: DLFloat16 reads as fp32 exactly (values
         # beyond fp16's range or below its normals stay), and fp32 becomes DLFloat16 in one rounding.

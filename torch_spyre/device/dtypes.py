@@ -8,6 +8,7 @@ recorded per allocation when it is made, so switching never reinterprets memory 
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -102,11 +103,13 @@ def encoding_for(dtype: torch.dtype) -> str:
     return RAW
 
 
-def _np_view_dtype(dtype: torch.dtype) -> np.dtype:
+@functools.cache
+def np_view_dtype(dtype: torch.dtype) -> np.dtype:
     """A numpy dtype with the same bits as ``dtype`` (bf16/fp16 as uint16)."""
     if dtype in (torch.float16, torch.bfloat16):
         return np.dtype(np.uint16)
     return np.dtype(torch.empty(0, dtype=dtype).numpy().dtype)
+
 
 
 def encode(host: torch.Tensor, encoding: str) -> np.ndarray:
@@ -139,4 +142,4 @@ def decode(device: np.ndarray, dtype: torch.dtype, encoding: str) -> torch.Tenso
     arr = np.ascontiguousarray(device)
     if dtype in (torch.float16, torch.bfloat16):
         return torch.from_numpy(arr.view(np.int16).copy()).view(dtype)
-    return torch.from_numpy(arr.astype(_np_view_dtype(dtype), copy=True))
+    return torch.from_numpy(arr.astype(np_view_dtype(dtype), copy=True))

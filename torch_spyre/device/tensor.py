@@ -122,9 +122,13 @@ def empty_strided(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype
 
 # --- reading and writing through the layout ----------------------------------------------------
 def _host_indices(t: torch.Tensor) -> np.ndarray:
-    idx = np.array(t.storage_offset(), dtype=np.int64)
-    for size, stride in zip(t.shape, t.stride()):
-        idx = idx[..., None] + np.arange(size, dtype=np.int64) * stride
+    return _host_indices_of(t.shape, t.stride(), t.storage_offset())
+
+
+def _host_indices_of(shape: Sequence[int], stride: Sequence[int], offset: int) -> np.ndarray:
+    idx = np.array(offset, dtype=np.int64)
+    for size, st in zip(shape, stride):
+        idx = idx[..., None] + np.arange(size, dtype=np.int64) * st
     return idx.reshape(-1)
 
 
@@ -269,6 +273,62 @@ def write(t: torch.Tensor, values: torch.Tensor, computed_in_fp32: bool = False)
     offsets = layout.device_offsets(_host_indices(t))
     dev[offsets] = encoded
     return Transfer(_touched_bytes(offsets, layout))
+
+
+def copy_within(src: torch.Tensor, dst: torch.Tensor) -> tuple[Transfer, Transfer] | None:
+    """Device-to-device ``dst.copy_(src)`` as one gather of device elements, or None where it does not
+    apply (the caller then goes through :func:`read` and :func:`write`).
+
+    It applies where that round trip only moves bits: the same dtype on both sides and in both
+    storages, raw encodings (DLFloat16 and 16-bit floats convert through fp32), the same shape (no
+    broadcast), ``dst`` its storage's whole host element space (a whole write) and ``src`` holding data.
+    Then ``dst``'s device array is ``dst_layout.pack(src_device[src_layout.device_offsets(src's host
+    indices)])``, padding zero: which source element lands where depends only on the two layouts and
+    ``src``'s geometry, so the map is computed once per geometry (:func:`_copy_map`) instead of
+    unpacking, decoding, encoding and packing every call (a Linear's 3-d input copied to 2-d, and
+    attention's permuted views, do this dozens of times per forward). Returns the read and written
+    transfers, as :func:`read` and :func:`write` would."""
+    if src.dtype != dst.dtype or src.dtype in (torch.float16, torch.bfloat16) or src.shape != dst.shape:
+        return None
+    s_alloc, d_alloc = storage.allocation_of(src), storage.allocation_of(dst)
+    if s_alloc is None or d_alloc is None or src.numel() == 0 or not s_alloc.has_data:
+        return None
+    if any(a.meta["dtype"] != src.dtype or a.meta["encoding"] != dtypes.RAW
+           or a.meta["layout"].storage_dtype != dtypes.np_view_dtype(src.dtype) for a in (s_alloc, d_alloc)):
+        return None  # e.g. float64 kept as float32: the round trip converts
+    d_layout: StickLayout = d_alloc.meta["layout"]
+    if not _is_whole(dst, d_layout):
+        return None
+    index, padding, read_bytes = _copy_map(s_alloc.meta["layout"], tuple(src.shape), tuple(src.stride()),
+                                           src.storage_offset(), d_layout)
+    dev = _device_array(d_alloc)
+    dev[:] = _device_array(s_alloc).take(index)
+    if padding is not None:
+        dev[padding] = 0
+    d_alloc.has_data = True
+    return Transfer(read_bytes), Transfer(d_layout.nbytes)
+
+
+@functools.lru_cache(maxsize=256)
+def _copy_map(s_layout: StickLayout, shape: tuple[int, ...], stride: tuple[int, ...], offset: int,
+              d_layout: StickLayout) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """For :func:`copy_within`: the source device element of each destination device element, the
+    destination's padding positions (None if none) and the device bytes the read touches."""
+    host = _host_indices_of(shape, stride, offset)
+    offsets = s_layout.device_offsets(host)
+    contiguous = all(st == want for size, st, want in zip(shape, stride, row_major_strides(shape)) if size != 1)
+    if offset == 0 and len(host) == s_layout.numel and contiguous:
+        read_bytes = s_layout.nbytes  # as read() counts a whole storage
+    else:
+        read_bytes = _touched_bytes(offsets, s_layout)
+    index = d_layout.pack(offsets, fill=-1)
+    padding = np.flatnonzero(index < 0) if d_layout.padding else None
+    if padding is not None:
+        index[padding] = 0
+    small = np.int32 if s_layout.device_numel < 2**31 else np.int64
+    index = index.astype(small)
+    index.flags.writeable = False
+    return index, padding, read_bytes
 
 
 # --- public layout API -------------------------------------------------------------------------
