@@ -90,3 +90,13 @@ def test_embedding_by_a_non_contiguous_index():
     f = torch.compile(lambda w, i: F.embedding(i, w) * 2)
     got = f(w.to("spyre"), ids.to("spyre").t()).cpu()  # a graph input that is a transposed view
     torch.testing.assert_close(got, F.embedding(ids.t(), w) * 2, **TOL[torch.float32])
+
+
+def test_the_gather_kernel_records_why_it_reads_another_form():
+    """The rewrite is named in the kernel's params, which its decisions' notes carry (gather.generate)."""
+    gathers = [s for s in specs_of(lambda t, i: F.embedding(i, t) * 2, rnd(9, 1), ints(9, 4, 4))
+               if s.generator == "gather"]
+    assert len(gathers) == 1 and "size-1 dims" in gathers[0].params["note"], [s.params for s in gathers]
+    gathers = [s for s in specs_of(lambda x, i: torch.gather(x, -1, i) * 2, rnd(2, 8, 5), ints(5, 2, 8, 1))
+               if s.generator == "gather"]
+    assert len(gathers) == 1 and "repeated twice" in gathers[0].params["note"], [s.params for s in gathers]

@@ -328,7 +328,8 @@ def _lower_embedding(weight, indices, *args, **kwargs):
     if _unit_rows(weight) == 1:  # a [V, 1] table: an element gather of its [V] storage (see _unit_rows)
         view = torch_inductor.lowering_for(torch.ops.aten.view.default)
         flat = view(indices, [indices.get_numel()])
-        return view(_lower_index_select(view(weight, [weight.get_size()[0]]), 0, flat), [*indices.get_size(), 1])
+        picked = _lower_index_select(view(weight, [weight.get_size()[0]]), 0, flat, note=_UNIT_ROWS_NOTE)
+        return view(picked, [*indices.get_size(), 1])
     w, i = _gather_operand(weight, starts_rows=True), _gather_operand(indices)
     size = [*i.get_size(), w.get_size()[1]]
     params = {"kind": "embedding", "dim": 0}
@@ -352,15 +353,15 @@ def _lower_embedding_group(weights, indices):
                    {"kind": "embedding_group", "members": members, "optimization": "embedding_group"})
 
 
-def _lower_index_select(x, dim, index):
+def _lower_index_select(x, dim, index, note: str | None = None):
     rank = len(x.get_size())
     if rank >= 1 and dim % rank == rank - 1:
-        return _element_index_select(x, index)
+        return _element_index_select(x, index, note)
     unit = min(_unit_rows(x), rank - 1 - dim % rank)
     if unit:  # rows of size-1 dims: the same select of the source without them (see _unit_rows)
         view = torch_inductor.lowering_for(torch.ops.aten.view.default)
         size = list(x.get_size())
-        picked = _lower_index_select(view(x, size[:rank - unit]), dim % rank, index)
+        picked = _lower_index_select(view(x, size[:rank - unit]), dim % rank, index, note=_UNIT_ROWS_NOTE)
         size[dim % rank] = index.get_numel()
         return view(picked, size)
     src, idx = _gather_operand(x, starts_rows=True), _gather_operand(index)
@@ -368,10 +369,10 @@ def _lower_index_select(x, dim, index):
     size = list(src.get_size())
     size[dim] = idx.get_numel()
     return _extern("gather", "index_select", ["source", "index"], [src, idx], size, src.get_dtype(),
-                   {"kind": "index_select", "dim": int(dim)})
+                   {"kind": "index_select", "dim": int(dim), **({"note": note} if note else {})})
 
 
-def _element_index_select(x, index):
+def _element_index_select(x, index, note: str | None = None):
     """``index_select`` along the last dim, which the stick layout sticks: each index picks one element
     inside a 128-byte stick, which a row gather (whole sticks by DMA) cannot do. It is ``torch.gather``
     along that dim with the index expanded over the other dims: the gather generator's element path."""
@@ -379,7 +380,7 @@ def _element_index_select(x, index):
     rank, n = len(x.get_size()), index.get_numel()
     shaped = torch_inductor.lowering_for(aten.view.default)(index, [1] * (rank - 1) + [n])
     expanded = torch_inductor.lowering_for(aten.expand.default)(shaped, [*x.get_size()[:-1], n])
-    return _lower_gather(torch_inductor.lowering_for(aten.gather.default))(x, rank - 1, expanded)
+    return _lower_gather(torch_inductor.lowering_for(aten.gather.default))(x, rank - 1, expanded, note=note)
 
 
 def _lower_index(original):
@@ -457,7 +458,7 @@ def _lower_gather(original):
     expanded index), else on the source and index moved so that ``dim`` is last (copy kernels) and the
     result moved back (a view). 0-d sources and empty indices keep Inductor's lowering."""
 
-    def lower(x, dim, index, sparse_grad=False):
+    def lower(x, dim, index, sparse_grad=False, note: str | None = None):
         rank = len(x.get_size())
         if rank == 0 or len(index.get_size()) != rank or index.get_numel() == 0:
             return original(x, dim, index, sparse_grad)
@@ -465,25 +466,28 @@ def _lower_gather(original):
         idx = torch_inductor.realize_input(index)
         if dim != rank - 1 and not _varies_only_along(idx, dim):
             perm = [d for d in range(rank) if d != dim] + [dim]
-            moved = lower(torch_inductor.permute(x, perm), rank - 1, torch_inductor.permute(index, perm))
+            moved = lower(torch_inductor.permute(x, perm), rank - 1, torch_inductor.permute(index, perm), note=note)
             return torch_inductor.permute(moved, [perm.index(d) for d in range(rank)])
         unit = min(_unit_rows(x), rank - 1 - dim)
         if unit and all(torch_inductor.current_graph().sizevars.statically_known_equals(n, 1)
                         for n in idx.get_size()[rank - unit:]):  # see _unit_rows
             view = torch_inductor.lowering_for(torch.ops.aten.view.default)
             kept = rank - unit
-            picked = lower(view(x, list(x.get_size())[:kept]), dim, view(idx, list(idx.get_size())[:kept]))
+            picked = lower(view(x, list(x.get_size())[:kept]), dim, view(idx, list(idx.get_size())[:kept]),
+                           note=_UNIT_ROWS_NOTE)
             return view(picked, list(idx.get_size()))
         if dim == rank - 1 and _index_rows_packed_apart(idx):
             # out[..., :1] of the gather by the index repeated twice: index and out rows then own their sticks.
             aten = torch.ops.aten
             twice = torch_inductor.lowering_for(aten.expand.default)(index, [*idx.get_size()[:-1], 2])
-            return torch_inductor.lowering_for(aten.slice.Tensor)(lower(x, dim, twice), rank - 1, 0, 1)
+            note = ("index rows of one element lie apart in their storage (its size-1 last dim dropped): "
+                    "gathered by the index repeated twice, out[..., :1] kept")
+            return torch_inductor.lowering_for(aten.slice.Tensor)(lower(x, dim, twice, note=note), rank - 1, 0, 1)
         src = _gather_operand(x, starts_rows=dim != rank - 1)
         # A row gather reads the index along ``dim`` only (it is constant along the others): as it is.
         idx = _gather_operand(idx) if dim == rank - 1 else idx
         return _extern("gather", "gather", ["source", "index"], [src, idx], list(idx.get_size()),
-                       src.get_dtype(), {"kind": "gather", "dim": int(dim)})
+                       src.get_dtype(), {"kind": "gather", "dim": int(dim), **({"note": note} if note else {})})
 
     return lower
 
@@ -508,6 +512,10 @@ def _varies_only_along(index, dim: int) -> bool:
                    if d != dim)
     except (TypeError, AttributeError, NotImplementedError):
         return False
+
+
+_UNIT_ROWS_NOTE = ("the source's rows end in size-1 dims, which its storage drops (rows of single elements packed "
+                   "into sticks): gathered without them")
 
 
 def _unit_rows(x) -> int:
