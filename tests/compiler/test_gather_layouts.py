@@ -100,3 +100,14 @@ def test_the_gather_kernel_records_why_it_reads_another_form():
     gathers = [s for s in specs_of(lambda x, i: torch.gather(x, -1, i) * 2, rnd(2, 8, 5), ints(5, 2, 8, 1))
                if s.generator == "gather"]
     assert len(gathers) == 1 and "repeated twice" in gathers[0].params["note"], [s.params for s in gathers]
+
+
+def test_attention_mask_made_of_a_one_head_bias():
+    """Swin with one head: the bias gathered from its [9, 1] table is, reshaped, the attention's
+    [1, 1, 4, 4] mask: a view of the gather's [16] output whose rows share sticks; it is copied first."""
+
+    def f(table, index, q, k, v):
+        bias = table[index.view(-1)].view(4, 4, -1).permute(2, 0, 1).contiguous().unsqueeze(0)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+    check(f, rnd(9, 1), _swin_index(2), rnd(1, 1, 4, 64, seed=1), rnd(1, 1, 4, 64, seed=2), rnd(1, 1, 4, 64, seed=3))

@@ -664,7 +664,7 @@ def _lower_flash_attention(query, key, value, attn_mask=None, is_causal=False, s
     q, k, v = (_attention_operand(x) for x in (query, key, value))
     inputs, roles = [q, k, v], ["query", "key", "value"]
     if attn_mask is not None:
-        inputs.append(_attention_operand(attn_mask))
+        inputs.append(_attention_operand(attn_mask, rows=True))
         roles.append("attn_mask")
     B, Hq, Lq, _ = q.get_size()
     Dv = v.get_size()[-1]
@@ -695,14 +695,23 @@ def _static_view(x) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
         return None
 
 
-def _attention_operand(x):
+def _attention_operand(x, rows: bool = False):
     """The generator reads rows along the stick dim (the last dim, unit stride): a view whose last dim
-    has another stride (e.g. K given as a transpose of K^T) gets a copy in its own layout first."""
+    has another stride (e.g. K given as a transpose of K^T) gets a copy in its own layout first.
+    ``rows`` (the mask): a view splitting dims of its buffer is copied too (broadcast dims stay views):
+    Swin's bias with one head is a [1, 1, L, L] view of the gather's [L * L] output, whose rows of L
+    elements share sticks ("%attn_mask: rows start at different lanes of their sticks")."""
 
     sv = torch_inductor.current_graph().sizevars
     x = torch_inductor.realize_input(x)
     try:
         size, stride = x.get_size(), x.get_stride()
+        if rows and torch_inductor.is_reinterpret_view(x):
+            base = x.data.get_layout()
+            if not walks_dims(list(zip(base.size, base.stride)), size, stride,
+                              is_one=lambda n: sv.statically_known_leq(n, 1), equal=sv.statically_known_equals,
+                              leq=sv.statically_known_leq):
+                return _own_contiguous_copy(x)
         # Symbolic: only a last dim proved unit-stride (or of size 1) is read in place.
         if not (sv.statically_known_leq(size[-1], 1) or sv.statically_known_equals(stride[-1], 1)):
             return torch_inductor.require_contiguous(x)
