@@ -326,6 +326,15 @@ def is_computed_buffer(x: Any) -> bool:
     return isinstance(x, _ir().ComputedBuffer)
 
 
+def has_flexible_layout(x: Any) -> bool:
+    """A buffer whose strides Inductor may still choose (it freezes them later, e.g. in the order of
+    what the buffer's kernel reads): what a reader sees now is not what it will get."""
+    try:
+        return isinstance(x.get_layout(), _ir().FlexibleLayout)
+    except (AttributeError, NotImplementedError):
+        return False
+
+
 def realize_input(x: Any) -> Any:
     return _ir().ExternKernel.realize_input(x)
 

@@ -285,12 +285,13 @@ class SpyreKernel:
         self.last_launch = launch(prepared, allocs)
 
     def _operands_in_walkable_views(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The matmul generator reads each operand as one stride per dim of its allocation. The lowering
-        copies views inside the graph that do not (``lowerings._matmul_operand``), but a graph *input* may
-        itself be such a view (``torch.compile(f)(y.view(32, 64))`` with ``y`` allocated [4, 8, 64]):
-        only the bound tensor shows it, so a contiguous one is copied here (a device copy, with the same
-        strides the kernel's spec expects) before the kernel runs."""
-        if self.spec.generator != "matmul":
+        """The matmul and gather generators read each operand as one stride per dim of its allocation (a
+        gathered row is a fixed set of sticks). The lowering copies views inside the graph that do not
+        (``lowerings._matmul_operand``, ``_gather_operand``), but a graph *input* may itself be such a view
+        (``torch.compile(f)(y.view(32, 64))`` with ``y`` allocated [4, 8, 64]; JetMoE's router gathers
+        rows of ``hidden.view(-1, D)``): only the bound tensor shows it, so a contiguous one is copied here
+        (a device copy, with the same strides the kernel's spec expects) before the kernel runs."""
+        if self.spec.generator not in ("matmul", "gather"):
             return args
         inputs = {b.name for b in self.spec.buffers if b.role == "input"}
 

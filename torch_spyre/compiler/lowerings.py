@@ -325,6 +325,11 @@ def _matrix_vector(a, b):
 
 
 def _lower_embedding(weight, indices, *args, **kwargs):
+    if _unit_rows(weight) == 1:  # a [V, 1] table: an element gather of its [V] storage (see _unit_rows)
+        view = torch_inductor.lowering_for(torch.ops.aten.view.default)
+        flat = view(indices, [indices.get_numel()])
+        picked = _lower_index_select(view(weight, [weight.get_size()[0]]), 0, flat, note=_UNIT_ROWS_NOTE)
+        return view(picked, [*indices.get_size(), 1])
     w, i = _gather_operand(weight, starts_rows=True), _gather_operand(indices)
     size = [*i.get_size(), w.get_size()[1]]
     params = {"kind": "embedding", "dim": 0}
@@ -348,19 +353,26 @@ def _lower_embedding_group(weights, indices):
                    {"kind": "embedding_group", "members": members, "optimization": "embedding_group"})
 
 
-def _lower_index_select(x, dim, index):
+def _lower_index_select(x, dim, index, note: str | None = None):
     rank = len(x.get_size())
     if rank >= 1 and dim % rank == rank - 1:
-        return _element_index_select(x, index)
+        return _element_index_select(x, index, note)
+    unit = min(_unit_rows(x), rank - 1 - dim % rank)
+    if unit:  # rows of size-1 dims: the same select of the source without them (see _unit_rows)
+        view = torch_inductor.lowering_for(torch.ops.aten.view.default)
+        size = list(x.get_size())
+        picked = _lower_index_select(view(x, size[:rank - unit]), dim % rank, index, note=_UNIT_ROWS_NOTE)
+        size[dim % rank] = index.get_numel()
+        return view(picked, size)
     src, idx = _gather_operand(x, starts_rows=True), _gather_operand(index)
     dim = dim % max(len(src.get_size()), 1)
     size = list(src.get_size())
     size[dim] = idx.get_numel()
     return _extern("gather", "index_select", ["source", "index"], [src, idx], size, src.get_dtype(),
-                   {"kind": "index_select", "dim": int(dim)})
+                   {"kind": "index_select", "dim": int(dim), **({"note": note} if note else {})})
 
 
-def _element_index_select(x, index):
+def _element_index_select(x, index, note: str | None = None):
     """``index_select`` along the last dim, which the stick layout sticks: each index picks one element
     inside a 128-byte stick, which a row gather (whole sticks by DMA) cannot do. It is ``torch.gather``
     along that dim with the index expanded over the other dims: the gather generator's element path."""
@@ -368,7 +380,7 @@ def _element_index_select(x, index):
     rank, n = len(x.get_size()), index.get_numel()
     shaped = torch_inductor.lowering_for(aten.view.default)(index, [1] * (rank - 1) + [n])
     expanded = torch_inductor.lowering_for(aten.expand.default)(shaped, [*x.get_size()[:-1], n])
-    return _lower_gather(torch_inductor.lowering_for(aten.gather.default))(x, rank - 1, expanded)
+    return _lower_gather(torch_inductor.lowering_for(aten.gather.default))(x, rank - 1, expanded, note=note)
 
 
 def _lower_index(original):
@@ -446,7 +458,7 @@ def _lower_gather(original):
     expanded index), else on the source and index moved so that ``dim`` is last (copy kernels) and the
     result moved back (a view). 0-d sources and empty indices keep Inductor's lowering."""
 
-    def lower(x, dim, index, sparse_grad=False):
+    def lower(x, dim, index, sparse_grad=False, note: str | None = None):
         rank = len(x.get_size())
         if rank == 0 or len(index.get_size()) != rank or index.get_numel() == 0:
             return original(x, dim, index, sparse_grad)
@@ -454,15 +466,43 @@ def _lower_gather(original):
         idx = torch_inductor.realize_input(index)
         if dim != rank - 1 and not _varies_only_along(idx, dim):
             perm = [d for d in range(rank) if d != dim] + [dim]
-            moved = lower(torch_inductor.permute(x, perm), rank - 1, torch_inductor.permute(index, perm))
+            moved = lower(torch_inductor.permute(x, perm), rank - 1, torch_inductor.permute(index, perm), note=note)
             return torch_inductor.permute(moved, [perm.index(d) for d in range(rank)])
+        unit = min(_unit_rows(x), rank - 1 - dim)
+        if unit and all(torch_inductor.current_graph().sizevars.statically_known_equals(n, 1)
+                        for n in idx.get_size()[rank - unit:]):  # see _unit_rows
+            view = torch_inductor.lowering_for(torch.ops.aten.view.default)
+            kept = rank - unit
+            picked = lower(view(x, list(x.get_size())[:kept]), dim, view(idx, list(idx.get_size())[:kept]),
+                           note=_UNIT_ROWS_NOTE)
+            return view(picked, list(idx.get_size()))
+        if dim == rank - 1 and _index_rows_packed_apart(idx):
+            # out[..., :1] of the gather by the index repeated twice: index and out rows then own their sticks.
+            aten = torch.ops.aten
+            twice = torch_inductor.lowering_for(aten.expand.default)(index, [*idx.get_size()[:-1], 2])
+            note = ("index rows of one element lie apart in their storage (its size-1 last dim dropped): "
+                    "gathered by the index repeated twice, out[..., :1] kept")
+            return torch_inductor.lowering_for(aten.slice.Tensor)(lower(x, dim, twice, note=note), rank - 1, 0, 1)
         src = _gather_operand(x, starts_rows=dim != rank - 1)
         # A row gather reads the index along ``dim`` only (it is constant along the others): as it is.
         idx = _gather_operand(idx) if dim == rank - 1 else idx
         return _extern("gather", "gather", ["source", "index"], [src, idx], list(idx.get_size()),
-                       src.get_dtype(), {"kind": "gather", "dim": int(dim)})
+                       src.get_dtype(), {"kind": "gather", "dim": int(dim), **({"note": note} if note else {})})
 
     return lower
+
+
+def _index_rows_packed_apart(index) -> bool:
+    """A gather index whose last dim is 1 over two or more leading dims of size > 1 (zaya's router,
+    ``torch.gather(x [B, S, E], -1, idx [B, S, 1])``): its storage drops the size-1 dim
+    (``device.tensor.layout_for``), so rows are single elements packed into sticks of the next dim, one
+    stick per outer row ([B, S] sticked on S): neither rows owning sticks nor one back-to-back run, the
+    two forms the element gather reads (nor can its out be stored so). With one leading dim they are one
+    run ([N, 1] stored as [N]), which it reads as it is."""
+    sv = torch_inductor.current_graph().sizevars
+    size = list(index.get_size())
+    return (len(size) >= 3 and sv.statically_known_equals(size[-1], 1)
+            and sum(not sv.statically_known_leq(n, 1) for n in size[:-1]) >= 2)
 
 
 def _varies_only_along(index, dim: int) -> bool:
@@ -474,6 +514,25 @@ def _varies_only_along(index, dim: int) -> bool:
         return False
 
 
+_UNIT_ROWS_NOTE = ("the source's rows end in size-1 dims, which its storage drops (rows of single elements packed "
+                   "into sticks): gathered without them")
+
+
+def _unit_rows(x) -> int:
+    """How many trailing dims of a row gather's source are (provably) of size 1, unless all are. A storage
+    drops its size-1 dims (``device.tensor.layout_for``: a [V, 1] table is stored as [V], sticked on V), so
+    such rows are single elements packed 64 to a stick, never whole sticks of their own: Swin's relative
+    position bias table with one head, ``table[index]`` of a [169, 1] table, failed code generation ("rows
+    start at different lanes of their sticks"). Without those dims the gather is the same one over fewer
+    dims, down to the element gather along the stick dim; no copy of the source is needed."""
+    sv = torch_inductor.current_graph().sizevars
+    size = list(x.get_size())
+    unit = 0
+    while unit < len(size) - 1 and sv.statically_known_equals(size[len(size) - 1 - unit], 1):
+        unit += 1
+    return unit
+
+
 def _gather_operand(x, starts_rows: bool = False):
     """What the gather generator reads in place (its index, and its source: a row gather moves the source's
     rows as fixed sets of sticks, which a view merging dims of its buffer or starting inside a row is not): a view whose last dim is unit-stride and walks one dim
@@ -482,6 +541,11 @@ def _gather_operand(x, starts_rows: bool = False):
     sticks), so a view starting inside its buffer's last dim is copied too."""
 
     x = torch_inductor.realize_input(x)
+    if torch_inductor.has_flexible_layout(x):
+        # Frozen contiguous (no copy): left flexible, Inductor gives the buffer the stride order of what
+        # its kernel reads, so XLNet's ``input_ids.transpose(0, 1).contiguous()`` reached the embedding
+        # as the transposed view ("its last dim (stride 8) does not run along the stick dim").
+        return torch_inductor.require_contiguous(x)
     # Checked as Inductor's size variables prove them for every value of the symbols, not with int(): a
     # serving graph's KV cache has symbolic sizes, and int() failing on them copied the whole cache (4 MB a
     # layer) every decode step. What cannot be proved gets the copy (correct, only slower).
@@ -600,7 +664,7 @@ def _lower_flash_attention(query, key, value, attn_mask=None, is_causal=False, s
     q, k, v = (_attention_operand(x) for x in (query, key, value))
     inputs, roles = [q, k, v], ["query", "key", "value"]
     if attn_mask is not None:
-        inputs.append(_attention_operand(attn_mask))
+        inputs.append(_attention_operand(attn_mask, rows=True))
         roles.append("attn_mask")
     B, Hq, Lq, _ = q.get_size()
     Dv = v.get_size()[-1]
@@ -631,14 +695,23 @@ def _static_view(x) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
         return None
 
 
-def _attention_operand(x):
+def _attention_operand(x, rows: bool = False):
     """The generator reads rows along the stick dim (the last dim, unit stride): a view whose last dim
-    has another stride (e.g. K given as a transpose of K^T) gets a copy in its own layout first."""
+    has another stride (e.g. K given as a transpose of K^T) gets a copy in its own layout first.
+    ``rows`` (the mask): a view splitting dims of its buffer is copied too (broadcast dims stay views):
+    Swin's bias with one head is a [1, 1, L, L] view of the gather's [L * L] output, whose rows of L
+    elements share sticks ("%attn_mask: rows start at different lanes of their sticks")."""
 
     sv = torch_inductor.current_graph().sizevars
     x = torch_inductor.realize_input(x)
     try:
         size, stride = x.get_size(), x.get_stride()
+        if rows and torch_inductor.is_reinterpret_view(x):
+            base = x.data.get_layout()
+            if not walks_dims(list(zip(base.size, base.stride)), size, stride,
+                              is_one=lambda n: sv.statically_known_leq(n, 1), equal=sv.statically_known_equals,
+                              leq=sv.statically_known_leq):
+                return _own_contiguous_copy(x)
         # Symbolic: only a last dim proved unit-stride (or of size 1) is read in place.
         if not (sv.statically_known_leq(size[-1], 1) or sv.statically_known_equals(stride[-1], 1)):
             return torch_inductor.require_contiguous(x)
