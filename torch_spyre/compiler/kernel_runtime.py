@@ -268,6 +268,7 @@ class SpyreKernel:
     def run(self, **args: Any) -> None:
         """``args``: the kernel's buffers by name, and the values of its shape symbols (``s27=...``)."""
         values = self._symbol_values(args)
+        args = self._cpu_scalars_on_card(args)
         args = self._operands_in_walkable_views(args)
         places, allocs, card = self.placements(args)
         if places is None:  # a tensor of no elements: nothing to compute
@@ -283,6 +284,27 @@ class SpyreKernel:
         from ..runtime.launch import launch
 
         self.last_launch = launch(prepared, allocs)
+
+    def _cpu_scalars_on_card(self, args: dict[str, Any]) -> dict[str, Any]:
+        """A 0-dim CPU tensor the kernel only reads, copied to the card of the kernel's other tensors.
+
+        Eager torch lets a 0-dim CPU tensor meet device tensors (``x / torch.log(torch.tensor(2.0))``,
+        SEW-D's ``torch.tensor(mid - 1)``), so Inductor computes it in a CPU kernel and hands the buffer to
+        the device kernel reading it; on a GPU it passes the value (``zero_dim_cpu_tensor_list``). Here
+        it is copied, one stick, per call (the value may change between calls). Anything else on the CPU
+        (a non-0-dim tensor, or one the kernel writes) is still refused by ``placements``: torch refuses
+        to mix those with device tensors too."""
+        reads = {b.name for b in self.spec.buffers if b.role == "input"}
+        scalars = [n for n in reads if isinstance(args.get(n), torch.Tensor) and args[n].device.type == "cpu"
+                   and args[n].dim() == 0]
+        if not scalars:
+            return args
+        card = next((args[b.name].device for b in self.spec.buffers if isinstance(args.get(b.name), torch.Tensor)
+                     and args[b.name].device.type == "spyre"), None)
+        if card is None:
+            return args  # nothing on a card to copy it to: placements says so
+        self.stats["cpu_scalar_copies"] += 1  # per kernel only: not a shape-cache event
+        return {**args, **{n: args[n].to(card) for n in scalars}}
 
     def _operands_in_walkable_views(self, args: dict[str, Any]) -> dict[str, Any]:
         """The matmul and gather generators read each operand as one stride per dim of its allocation (a
