@@ -111,3 +111,13 @@ def test_attention_mask_made_of_a_one_head_bias():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
     check(f, rnd(9, 1), _swin_index(2), rnd(1, 1, 4, 64, seed=1), rnd(1, 1, 4, 64, seed=2), rnd(1, 1, 4, 64, seed=3))
+
+
+@pytest.mark.parametrize("shapes", [((4, 9, 1), (1, 6, 1), (4, 6, 1), 1), ((9, 3, 1, 1), (6, 1, 1, 1), (6, 3, 1, 1), 0)],
+                         ids=["3d", "4d"])
+def test_gather_of_unit_rows_by_an_expanded_index(shapes):
+    # An expanded index (stride 0 along a dim of size > 1) cannot be viewed without its size-1 dims: it is
+    # made contiguous first (it failed with a bare AssertionError in Inductor's view).
+    src, idx, expand, dim = shapes
+    x, i = rnd(*src), ints(src[dim], *idx)
+    check(lambda x, i: torch.gather(x, dim, i.expand(*expand)) * 2, x, i)

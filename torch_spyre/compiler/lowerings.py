@@ -473,6 +473,8 @@ def _lower_gather(original):
                         for n in idx.get_size()[rank - unit:]):  # see _unit_rows
             view = torch_inductor.lowering_for(torch.ops.aten.view.default)
             kept = rank - unit
+            # An expanded index (stride 0) is no view's base: made contiguous first (a small copy kernel).
+            idx = torch_inductor.require_contiguous(idx)
             picked = lower(view(x, list(x.get_size())[:kept]), dim, view(idx, list(idx.get_size())[:kept]),
                            note=_UNIT_ROWS_NOTE)
             return view(picked, list(idx.get_size()))

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -309,11 +311,40 @@ def copy_within(src: torch.Tensor, dst: torch.Tensor) -> tuple[Transfer, Transfe
     return Transfer(read_bytes), Transfer(d_layout.nbytes)
 
 
-@functools.lru_cache(maxsize=256)
+# Each map is as large as its destination (an index per device element), and a shape that changes every step
+# (a growing KV cache's permuted view made contiguous) makes a new one: bounded by bytes, not entries.
+_COPY_MAP_BUDGET = 64 << 20
+_copy_maps: OrderedDict[tuple, tuple[np.ndarray, np.ndarray | None, int]] = OrderedDict()
+_copy_maps_bytes = 0
+_copy_maps_lock = threading.Lock()
+
+
 def _copy_map(s_layout: StickLayout, shape: tuple[int, ...], stride: tuple[int, ...], offset: int,
               d_layout: StickLayout) -> tuple[np.ndarray, np.ndarray | None, int]:
     """For :func:`copy_within`: the source device element of each destination device element, the
-    destination's padding positions (None if none) and the device bytes the read touches."""
+    destination's padding positions (None if none) and the device bytes the read touches; the most
+    recently used maps are kept, up to ``_COPY_MAP_BUDGET`` bytes."""
+    global _copy_maps_bytes
+    key = (s_layout, shape, stride, offset, d_layout)
+    with _copy_maps_lock:
+        if key in _copy_maps:
+            _copy_maps.move_to_end(key)
+            return _copy_maps[key]
+    found = _make_copy_map(*key)
+    size = found[0].nbytes + (0 if found[1] is None else found[1].nbytes)
+    if size <= _COPY_MAP_BUDGET:
+        with _copy_maps_lock:
+            if key not in _copy_maps:
+                _copy_maps[key] = found
+                _copy_maps_bytes += size
+            while _copy_maps_bytes > _COPY_MAP_BUDGET:
+                _, (index, padding, _) = _copy_maps.popitem(last=False)
+                _copy_maps_bytes -= index.nbytes + (0 if padding is None else padding.nbytes)
+    return found
+
+
+def _make_copy_map(s_layout: StickLayout, shape: tuple[int, ...], stride: tuple[int, ...], offset: int,
+                   d_layout: StickLayout) -> tuple[np.ndarray, np.ndarray | None, int]:
     host = _host_indices_of(shape, stride, offset)
     offsets = s_layout.device_offsets(host)
     contiguous = all(st == want for size, st, want in zip(shape, stride, row_major_strides(shape)) if size != 1)
