@@ -24,7 +24,8 @@ finalizer on the storage), or at ``torch.spyre.empty_cache()`` (which drops the 
 the allocator drops it too before it reports the card out of memory (``device/tensor.py``). Parts split in
 timing-only mode hold no values: they serve later timing-only calls, and the first call run for real splits
 again. A split or matmul that still runs out of device memory empties this cache and the call goes the
-ordinary way (the parts are an optimization, never the reason a call fails). Memory: the parts of "highest" take 12 bytes per weight element (six 16-bit parts along K), three times the fp32 weight.
+ordinary way (the parts are an optimization, never the reason a call fails). Memory: the parts of "highest"
+take 12 bytes per weight element (six 16-bit parts along K), three times the fp32 weight.
 """
 
 from __future__ import annotations
