@@ -11,6 +11,9 @@ import torch
 
 import torch_spyre  # noqa: F401
 from torch_spyre.compiler import eager, weight_parts
+from torch_spyre.device import cards
+from torch_spyre.device import tensor as device_tensor
+from torch_spyre.device.storage import allocation_of
 from torch_spyre.runtime import launch as runtime_launch
 
 
@@ -18,6 +21,7 @@ from torch_spyre.runtime import launch as runtime_launch
 def _fresh(monkeypatch):
     monkeypatch.setenv("TORCH_SPYRE_EAGER", "compile")
     monkeypatch.delenv(weight_parts.ENV, raising=False)
+    monkeypatch.delenv(weight_parts.BUDGET_ENV, raising=False)
     before = torch.get_float32_matmul_precision()
     weight_parts.clear()
     yield
@@ -144,16 +148,80 @@ def test_empty_cache_drops_the_parts_and_the_next_call_splits_again(launches):
     assert weight_parts.stats()["misses"] == 2
 
 
-def test_lru_bound_evicts_and_frees(monkeypatch):
-    monkeypatch.setenv(weight_parts.ENV, "1")
+def _settled() -> int:
+    gc.collect()
+    device_tensor.release_freed()
+    return torch.spyre.memory_allocated()
+
+
+def test_the_budget_is_bytes_evicts_the_least_recently_used_and_frees_it(monkeypatch):
     x = _x().to("spyre")
-    a, b = _linear(seed=2).to("spyre"), _linear(seed=3).to("spyre")
+    lins = [_linear(seed=s).to("spyre") for s in range(4)]
     with torch.no_grad():
-        a(x), b(x)
+        expected = [_uncached(monkeypatch, lambda: lin(x).cpu()) for lin in lins]
+        base = _settled()
+        lins[0](x)
+        [entry] = weight_parts._cache.entries.values()
+        one = weight_parts.stats()["bytes"]
+        # The entry's bytes are its parts' allocation, whole sticks, what the card lost to it.
+        assert one == entry.nbytes == allocation_of(entry.parts).nbytes
+        assert _settled() - base == one
+        monkeypatch.setenv(weight_parts.BUDGET_ENV, str(2 * one + one // 2))  # room for two entries
+        got = [lins[i](x).cpu() for i in (1, 0, 2)]  # 0 a hit, so 1 is the least recently used: it goes
+        stats = weight_parts.stats()
+        assert stats["entries"] == 2 and stats["evictions"] == 1 and stats["bytes"] == 2 * one
+        assert stats["hits"] == 1 and stats["misses"] == 3
+        assert _settled() - base == 2 * one  # the evicted parts' device memory is back
+        got.append(lins[0](x).cpu())  # kept: a hit
+        assert weight_parts.stats()["hits"] == 2
+        got.append(lins[1](x).cpu())  # evicted: split again, evicting 2
+        stats = weight_parts.stats()
+        assert stats["misses"] == 4 and stats["evictions"] == 2 and stats["entries"] == 2
+        assert _settled() - base == 2 * one
+    for g, i in zip(got, (1, 0, 2, 0, 1)):
+        assert torch.equal(g, expected[i])
+
+
+def test_parts_larger_than_the_budget_are_not_kept(monkeypatch):
+    monkeypatch.setenv(weight_parts.BUDGET_ENV, "0%")
+    x, lin = _x().to("spyre"), _linear().to("spyre")
+    with torch.no_grad():
+        base = _settled()
+        first, second = lin(x).cpu(), lin(x).cpu()
+        assert _settled() == base
     stats = weight_parts.stats()
-    assert stats["entries"] == 1 and stats["evictions"] == 1
+    assert stats["entries"] == 0 and stats["oversized"] == 2 and stats["misses"] == 2 and stats["budget"] == 0
+    assert torch.equal(first, second) and torch.equal(first, _uncached(monkeypatch, lambda: lin(x).cpu()))
 
 
+@pytest.mark.parametrize("value,expected", [("1073741824", 2**30), ("512MiB", 512 * 2**20), ("2GB", 2 * 10**9),
+                                            ("1.5 GiB", 3 * 2**29), ("25%", None), ("", None)])
+def test_budget_values(monkeypatch, value, expected):
+    monkeypatch.setenv(weight_parts.BUDGET_ENV, value)
+    capacity = cards.card(0).memory.capacity
+    assert weight_parts.budget(0) == (expected if expected is not None else capacity // 4)
+
+
+@pytest.mark.parametrize("value", ["many", "-1", "150%", "4XB", "inf", "GiB"])
+def test_a_bad_budget_is_a_clear_error(monkeypatch, value):
+    monkeypatch.setenv(weight_parts.BUDGET_ENV, value)
+    with pytest.raises(ValueError, match=f"TORCH_SPYRE_WEIGHT_PARTS_CACHE_BYTES={value!r} is not a byte budget"):
+        weight_parts.budget(0)
+
+
+def test_an_allocation_that_would_not_fit_drops_the_parts_first(monkeypatch):
+    x, lin = _x().to("spyre"), _linear().to("spyre")
+    with torch.no_grad():
+        lin(x)
+    held = weight_parts.stats()["bytes"]
+    memory = cards.card(0).memory
+    base = _settled()
+    monkeypatch.setattr(memory, "capacity", base + 128)  # one stick free, unless the parts go
+    t = torch.empty(held // 4, device="spyre")  # fits only in the parts' memory
+    assert weight_parts.stats()["entries"] == 0
+    assert torch.spyre.memory_allocated() == base - held + allocation_of(t).nbytes
+    with pytest.raises(torch.OutOfMemoryError, match="out of memory"):
+        torch.empty(memory.capacity, device="spyre")  # still too much once nothing is cached: the usual error
 def test_precisions_keep_their_own_parts(monkeypatch):
     x, dlin = _x().to("spyre"), _linear().to("spyre")
     results = {}
@@ -180,10 +248,11 @@ def test_mm_and_addmm_with_scalars_match_the_uncached_bits(monkeypatch):
     assert weight_parts.stats()["hits"] >= 2
 
 
-def test_bad_cache_size_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv(weight_parts.ENV, "many")
-    with pytest.raises(ValueError, match="TORCH_SPYRE_WEIGHT_PARTS_CACHE"):
-        weight_parts.cache_size()
+@pytest.mark.parametrize("value", ["many", "256", "2"])  # 256: the old entry bound, now a byte budget's job
+def test_bad_switch_is_a_clear_error(monkeypatch, value):
+    monkeypatch.setenv(weight_parts.ENV, value)
+    with pytest.raises(ValueError, match="TORCH_SPYRE_WEIGHT_PARTS_CACHE=.*expected 0 .off. or 1 .on.*_BYTES"):
+        weight_parts.enabled()
 
 
 def test_parts_split_in_timing_only_mode_are_split_again_when_run_for_real():

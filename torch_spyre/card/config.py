@@ -32,6 +32,7 @@ CONFIG_FILE_ENV = "TORCH_SPYRE_CONFIG"
 # Variables of this prefix that are not card figures (read elsewhere in torch_spyre).
 OTHER_ENV_VARS = frozenset({CONFIG_FILE_ENV, "TORCH_SPYRE_DLFLOAT16", "TORCH_SPYRE_DEBUG", "TORCH_SPYRE_DEBUG_DIR",
                             "TORCH_SPYRE_EAGER", "TORCH_SPYRE_EAGER_CACHE_SIZE", "TORCH_SPYRE_WEIGHT_PARTS_CACHE",
+                            "TORCH_SPYRE_WEIGHT_PARTS_CACHE_BYTES",
                             "TORCH_SPYRE_SHAPE_CACHE_SIZE",
                             "TORCH_SPYRE_VLLM",  # serving/plugin.py: vLLM runs on spyre
                             "TORCH_SPYRE_CHECK", "TORCH_SPYRE_DISABLE", "TORCH_SPYRE_TIMING_ONLY"})

@@ -493,7 +493,7 @@ def _run_with_weight_parts(op: OpOverload, info: Any, bound: list[Any], card: in
         return None
     a, b = bound[positions[0]], bound[positions[1]]
     if not (weight_parts.cacheable(b) and isinstance(a, torch.Tensor) and a.dtype == torch.float32
-            and a.device.type == "spyre" and b.dim() == 2 and b.shape[-1] != 1 and weight_parts.cache_size()):
+            and a.device.type == "spyre" and b.dim() == 2 and b.shape[-1] != 1 and weight_parts.enabled()):
         return None
     if any(_storage_key(t) == _storage_key(b) for t in _written(info, bound)):
         return None  # the op writes its weight: nothing to reuse

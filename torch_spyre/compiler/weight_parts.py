@@ -14,14 +14,18 @@ counter value: an in-place write to the weight or to any view of it (``w.add_(1)
 ``load_state_dict``) bumps the counter, and the next call splits again. Only tensors with a version counter
 are cached: inference tensors (activations under ``torch.inference_mode``) have none. Writes that bypass the
 counter (through ``w.data``, or through another tensor made on the same storage with ``set_``) are not
-seen; that is PyTorch's own contract for version counters. The cache is an LRU of
-``TORCH_SPYRE_WEIGHT_PARTS_CACHE`` entries (default 256; 0 turns it off); an entry's device memory is freed
+seen; that is PyTorch's own contract for version counters. The cache is an LRU bounded by bytes of device
+memory on each card (``TORCH_SPYRE_WEIGHT_PARTS_CACHE_BYTES``: a number of bytes, ``"4GiB"``, or a
+percentage of the card's capacity, default 25 %), an entry's bytes being those of its parts' allocation
+(whole sticks): not by a number of entries, since a large model's parts at "highest" are three times its fp32
+weights. ``TORCH_SPYRE_WEIGHT_PARTS_CACHE=0`` turns it off. An entry's device memory is freed
 when it is evicted or replaced, when its next lookup finds B written since, when B's storage dies (a
-finalizer on the storage), or at ``torch.spyre.empty_cache()`` (which drops the whole cache, counters kept). Parts split in timing-only mode hold no values: they serve later timing-only
-calls, and the first call run for real splits again. A split or matmul that runs out of device memory
-empties this cache and the call goes the ordinary way (the parts are an optimization, never the reason a
-call fails). Memory: the parts
-of "highest" take 12 bytes per weight element (six 16-bit parts along K), three times the fp32 weight.
+finalizer on the storage), or at ``torch.spyre.empty_cache()`` (which drops the whole cache, counters kept);
+the allocator drops it too before it reports the card out of memory (``device/tensor.py``). Parts split in
+timing-only mode hold no values: they serve later timing-only calls, and the first call run for real splits
+again. A split or matmul that still runs out of device memory empties this cache and the call goes the
+ordinary way (the parts are an optimization, never the reason a call fails). Memory: the parts of "highest"
+take 12 bytes per weight element (six 16-bit parts along K), three times the fp32 weight.
 """
 
 from __future__ import annotations
@@ -37,13 +41,18 @@ from typing import Any
 import torch
 
 from .._torch.device import version_of
+from ..device import cards
 from ..device.memory_stats import on_empty_cache
+from ..device.storage import allocation_of
 from ..device.tensor import has_data
 from ..runtime import timing_only
 from . import fp32_matmul
 
-ENV = "TORCH_SPYRE_WEIGHT_PARTS_CACHE"
-DEFAULT_SIZE = 256
+ENV = "TORCH_SPYRE_WEIGHT_PARTS_CACHE"  # "0": off; "1" (default): on
+BUDGET_ENV = "TORCH_SPYRE_WEIGHT_PARTS_CACHE_BYTES"  # bytes of each card's memory the parts may hold
+DEFAULT_BUDGET = "25%"  # of the card's capacity: room for the parts of a model 1/12 of the card at "highest"
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 PARTS_OP = "fp32_b_parts"
 MATMUL_OP = "fp32_mm_b_parts"
 
@@ -105,17 +114,36 @@ def matmul_op() -> Any:
 # ---------------------------------------------------------------------------------------------
 # The cache
 # ---------------------------------------------------------------------------------------------
-def cache_size() -> int:
+def enabled() -> bool:
+    """False when ``TORCH_SPYRE_WEIGHT_PARTS_CACHE=0`` (the weight is split in every call)."""
     value = os.environ.get(ENV, "").strip()
-    if not value:
-        return DEFAULT_SIZE
+    if value in ("", "1"):
+        return True
+    if value == "0":
+        return False
+    raise ValueError(f"{ENV}={value!r}: expected 0 (off) or 1 (on); the cache is bounded by bytes of device "
+                     f"memory, set with {BUDGET_ENV} (e.g. 4GiB or 25%)")
+
+
+def budget(card: int) -> int:
+    """Bytes of card ``card``'s memory the cached parts may hold (``TORCH_SPYRE_WEIGHT_PARTS_CACHE_BYTES``)."""
+    value = os.environ.get(BUDGET_ENV, "").strip() or DEFAULT_BUDGET
+    text = value.replace("_", "").replace(" ", "").upper()
     try:
-        size = int(value)
-    except ValueError:
-        raise ValueError(f"{ENV}={value!r} is not a number of entries") from None
-    if size < 0:
-        raise ValueError(f"{ENV}={value!r} is negative")
-    return size
+        if text.endswith("%"):
+            percent = float(text[:-1])
+            if not 0 <= percent <= 100:
+                raise ValueError
+            return int(cards.card(card).memory.capacity * percent / 100)
+        number = text.rstrip("KMGTIB")
+        unit = _UNITS[text[len(number):]]
+        size = float(number) * unit
+        if size < 0 or size != size or size == float("inf"):
+            raise ValueError
+        return int(size)
+    except (ValueError, KeyError):
+        raise ValueError(f"{BUDGET_ENV}={value!r} is not a byte budget: expected a number of bytes (1073741824), "
+                         f"one with a unit (512MiB, 4GiB, 2GB) or a percentage of the card's memory (0-100%)") from None
 
 
 def cacheable(b: Any) -> bool:
@@ -130,6 +158,8 @@ class _Entry:
     parts: torch.Tensor
     storage: weakref.ref
     token: int
+    card: int
+    nbytes: int  # of the parts' allocation (whole sticks), what the entry holds of the card
     finalizer: Any = None  # weakref.finalize on B's storage; detached when the entry goes first
 
 
@@ -143,7 +173,15 @@ def _drop(entry: _Entry) -> None:
 class _Cache:
     def __init__(self):
         self.entries: OrderedDict[tuple, _Entry] = OrderedDict()
-        self.hits = self.misses = self.evictions = self.invalidations = self.released = 0
+        self.nbytes: dict[int, int] = {}  # card -> bytes of its entries' parts
+        self.hits = self.misses = self.evictions = self.invalidations = self.released = self.oversized = 0
+
+    def pop(self, key: tuple) -> _Entry | None:
+        entry = self.entries.pop(key, None)
+        if entry is not None:
+            self.nbytes[entry.card] -= entry.nbytes
+            _drop(entry)
+        return entry
 
 
 _lock = threading.RLock()
@@ -169,7 +207,7 @@ def lookup(b: torch.Tensor, key: tuple) -> torch.Tensor | None:
         stale = entry.version != version_of(b) or entry.storage() is not b.untyped_storage()
         # Parts split in timing-only mode hold no values: fine for timing, useless once B is run for real.
         if stale or (not has_data(entry.parts) and not timing_only.enabled()):
-            _drop(_cache.entries.pop(key))  # written since (or a new storage at the same address): split again
+            _cache.pop(key)  # written since (or a new storage at the same address): split again
             _cache.invalidations += 1
             _cache.misses += 1
             return None
@@ -179,21 +217,29 @@ def lookup(b: torch.Tensor, key: tuple) -> torch.Tensor | None:
 
 
 def store(b: torch.Tensor, key: tuple, parts: torch.Tensor, version: int) -> None:
-    """Keep ``parts`` as ``b``'s at ``version``; dropped when ``b``'s storage dies or the LRU evicts it."""
-    size = cache_size()
-    if size == 0:
+    """Keep ``parts`` as ``b``'s at ``version``; dropped when ``b``'s storage dies, or least recently used first
+    when the card's entries would hold more than :func:`budget` bytes."""
+    if not enabled():
         return
-    storage = b.untyped_storage()
-    token = next(_tokens)
-    entry = _Entry(version, parts, weakref.ref(storage), token, weakref.finalize(storage, _release, key, token))
+    card = parts.device.index or 0
+    limit = budget(card)
+    alloc = allocation_of(parts)
+    nbytes = alloc.nbytes if alloc is not None else 0
     with _lock:
-        old = _cache.entries.pop(key, None)
-        if old is not None:
-            _drop(old)
-        _cache.entries[key] = entry
-        while len(_cache.entries) > size:
-            _drop(_cache.entries.popitem(last=False)[1])
+        _cache.pop(key)
+        if nbytes > limit:  # would evict everything and still not fit: not kept
+            _cache.oversized += 1
+            return
+        storage = b.untyped_storage()
+        token = next(_tokens)
+        entry = _Entry(version, parts, weakref.ref(storage), token, card, nbytes,
+                       weakref.finalize(storage, _release, key, token))
+        while _cache.nbytes.get(card, 0) + nbytes > limit:
+            oldest = next(k for k, e in _cache.entries.items() if e.card == card)
+            _cache.pop(oldest)
             _cache.evictions += 1
+        _cache.entries[key] = entry
+        _cache.nbytes[card] = _cache.nbytes.get(card, 0) + nbytes
 
 
 def _release(key: tuple, token: int) -> None:
@@ -201,19 +247,19 @@ def _release(key: tuple, token: int) -> None:
     with _lock:
         entry = _cache.entries.get(key)
         if entry is not None and entry.token == token:
-            del _cache.entries[key]
+            _cache.pop(key)
             _cache.released += 1
 
 
 def stats() -> dict[str, int]:
     """``hits``, ``misses`` (splits run), ``invalidations`` (entries dropped because the weight was written),
-    ``evictions`` (LRU), ``released`` (weights that died), ``entries``, ``bytes`` (device bytes of the parts
-    held), ``size`` (the LRU bound)."""
+    ``evictions`` (LRU, to stay within the budget), ``released`` (weights that died), ``oversized`` (parts
+    larger than the whole budget, not kept), ``entries``, ``bytes`` (device bytes of the parts' allocations
+    held, all cards), ``budget`` (card 0's byte bound; each card has its own)."""
     with _lock:
         return {"hits": _cache.hits, "misses": _cache.misses, "invalidations": _cache.invalidations,
-                "evictions": _cache.evictions, "released": _cache.released, "entries": len(_cache.entries),
-                "bytes": sum(e.parts.numel() * e.parts.element_size() for e in _cache.entries.values()),
-                "size": cache_size()}
+                "evictions": _cache.evictions, "released": _cache.released, "oversized": _cache.oversized,
+                "entries": len(_cache.entries), "bytes": sum(_cache.nbytes.values()), "budget": budget(0)}
 
 
 def clear() -> None:
@@ -231,3 +277,4 @@ def _drop_all() -> None:
         for entry in _cache.entries.values():
             _drop(entry)
         _cache.entries.clear()
+        _cache.nbytes.clear()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any
 
 from . import cards, tensor
 
@@ -66,24 +66,12 @@ def mem_get_info(device=None) -> tuple[int, int]:
     return mem.capacity - mem.reserved, mem.capacity
 
 
-# Caches above the device layer that hold device tensors only to save work (the compiler's fp32 weight
-# parts): empty_cache() drops them too, so memory held only to save work is given back. The device layer
-# cannot import the compiler (imports point one way), hence the registration.
-_cache_clearers: list[Callable[[], None]] = []
-
-
-def on_empty_cache(clear: Callable[[], None]) -> Callable[[], None]:
-    """Have :func:`empty_cache` call ``clear`` (once per registration) before returning cached blocks."""
-    if clear not in _cache_clearers:
-        _cache_clearers.append(clear)
-    return clear
+on_empty_cache = tensor.on_empty_cache  # the registry lives with the allocator, which drops them on a full card
 
 
 def empty_cache() -> None:
     """Drop the caches registered with :func:`on_empty_cache` (their tensors are freed), then return every
     card's cached (freed, reusable) blocks: ``memory_reserved`` drops to ``memory_allocated``."""
-    for clear in list(_cache_clearers):
-        clear()
-    tensor.release_freed()
+    tensor.drop_caches()
     for i in range(cards.device_count()):
         cards.card(i).memory.empty_cache()

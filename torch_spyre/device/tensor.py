@@ -21,14 +21,14 @@ import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from ..card.layout import StickLayout, sorted_unique
 from ..program import row_major_strides
-from ..card.memory import Allocation, DeviceOutOfMemoryError
+from ..card.memory import Allocation, DeviceOutOfMemoryError, round_to_sticks
 from ..errors import SpyreError
 from ..runtime import timing_only
 from . import cards, dtypes, storage
@@ -87,10 +87,33 @@ class SpyreOutOfMemoryError(SpyreError, torch.OutOfMemoryError):
     """The card is full: what ``torch.cuda`` users catch as ``torch.OutOfMemoryError``."""
 
 
+# Caches above the device layer that hold device tensors only to save work (the compiler's fp32 weight
+# parts). They register here, with the allocator, which cannot import them (imports point one way): an
+# allocation that would not fit drops them before the card is called full, and empty_cache() drops them too.
+_cache_clearers: list[Callable[[], None]] = []
+
+
+def on_empty_cache(clear: Callable[[], None]) -> Callable[[], None]:
+    """Have ``torch.spyre.empty_cache()``, and an allocation that would not fit, call ``clear`` (once per
+    registration) to free the device tensors a cache holds only to save work."""
+    if clear not in _cache_clearers:
+        _cache_clearers.append(clear)
+    return clear
+
+
+def drop_caches() -> None:
+    """Call the :func:`on_empty_cache` clearers, then free the storages that died."""
+    for clear in list(_cache_clearers):
+        clear()
+    release_freed()
+
+
 def _allocate(card: int, nbytes: int) -> Allocation:
     memory = cards.card(card).memory
     if storage.sweep_due() or memory.allocated + nbytes > memory.capacity:
         release_freed()  # dead storages may hold the memory asked for
+    if memory.allocated + round_to_sticks(nbytes) > memory.capacity:
+        drop_caches()  # memory held only to save work goes before an out-of-memory error (CUDA frees its cache too)
     try:
         return memory.allocate(nbytes)
     except DeviceOutOfMemoryError as e:
