@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from ..util.bounded_cache import BoundedCache
 from . import optimizations
 from .core_count import forced_cores
 from .generators import generator_for
@@ -186,9 +187,9 @@ def generation_key() -> tuple[str, int | None]:
 # here instead of generating it again. Bounded; an entry is used once. A kernel of the same content as one
 # checked already (the same layer of another block) is not generated again: at run time it shares that
 # kernel's program (``_shared``).
-_checked: OrderedDict[tuple, Any] = OrderedDict()
-_checked_contents: OrderedDict[tuple, None] = OrderedDict()
 _CHECKED_SIZE = 256
+_checked: BoundedCache[tuple, Any] = BoundedCache(_CHECKED_SIZE)
+_checked_contents: BoundedCache[tuple, bool] = BoundedCache(_CHECKED_SIZE)
 
 
 def _checked_key(spec: KernelSpec, places: dict[str, Any], config: Any) -> tuple:
@@ -200,24 +201,17 @@ def check_program(spec: KernelSpec, places: dict[str, Any], config: Any) -> None
     same content was generated for the same placements already; keep it for the kernel's first call."""
     names = _local_names(spec)
     content = (_content_of(spec, names), config, _places_content(places, names), generation_key())
-    with _fallback_lock:
-        if content in _checked_contents:
-            _checked_contents.move_to_end(content)
-            return
+    if _checked_contents.get(content):
+        return
     program = generator_for(spec)(spec, places, config)
-    with _fallback_lock:
-        _checked_contents[content] = None
-        _checked[_checked_key(spec, places, config)] = program
-        for cache in (_checked_contents, _checked):
-            while len(cache) > _CHECKED_SIZE:
-                cache.popitem(last=False)
+    _checked_contents.put(content, True)
+    _checked.put(_checked_key(spec, places, config), program)
 
 
 def _take_checked_program(spec: KernelSpec, places: dict[str, Any], config: Any) -> Any:
-    with _fallback_lock:
-        if not _checked:
-            return None
-        program = _checked.pop(_checked_key(spec, places, config), None)
+    if not _checked:
+        return None
+    program = _checked.pop(_checked_key(spec, places, config))
     if program is not None:
         _count("checked")
     return program
