@@ -37,7 +37,7 @@ from ..util.bounded_cache import BoundedCache
 from . import optimizations
 from .core_count import forced_cores
 from .generators import generator_for
-from .kernel_spec import KernelSpec
+from .kernel_spec import KernelSpec, torch_dtype
 
 _fallbacks: Counter[str] = Counter()
 _fallback_lock = threading.Lock()
@@ -298,7 +298,9 @@ class SpyreKernel:
         if card is None:
             return args  # nothing on a card to copy it to: placements says so
         self.stats["cpu_scalar_copies"] += 1  # per kernel only: not a shape-cache event
-        return {**args, **{n: args[n].to(card) for n in scalars}}
+        # In the spec's dtype: a float64 scalar comes as fp32 (kernel_ir._loaded_dtype).
+        dtypes = {b.name: torch_dtype(b.dtype) for b in self.spec.buffers}
+        return {**args, **{n: args[n].to(dtypes[n]).to(card) for n in scalars}}
 
     def _operands_in_walkable_views(self, args: dict[str, Any]) -> dict[str, Any]:
         """The matmul and gather generators read each operand as one stride per dim of its allocation (a
