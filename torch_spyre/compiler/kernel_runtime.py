@@ -28,7 +28,7 @@ import os
 import re
 import threading
 import weakref
-from collections import Counter, OrderedDict
+from collections import Counter
 from typing import Any
 
 import torch
@@ -224,8 +224,8 @@ class SpyreKernel:
     def __init__(self, spec: KernelSpec):
         self.spec = spec
         self.cache_size = shape_cache_size()
-        self._prepared: OrderedDict[tuple, Any] = OrderedDict()
-        self._specialized: OrderedDict[tuple, KernelSpec] = OrderedDict()
+        self._prepared: BoundedCache[tuple, Any] = BoundedCache(self.cache_size)
+        self._specialized: BoundedCache[tuple, KernelSpec] = BoundedCache(self.cache_size)
         self.stats: Counter[str] = Counter()
         self._lock = threading.Lock()
         self.last_launch = None
@@ -268,10 +268,9 @@ class SpyreKernel:
         if places is None:  # a tensor of no elements: nothing to compute
             return
         key = (values, card, tuple(sorted(places.items(), key=lambda kv: kv[0])), generation_key())
-        with self._lock:
-            prepared = self._prepared.get(key)
-            if prepared is not None:
-                self._prepared.move_to_end(key)
+        prepared = self._prepared.get(key)
+        if prepared is not None:
+            with self._lock:
                 self._note("hits")
         if prepared is None:
             prepared = self._prepare(places, card, key)
@@ -336,10 +335,7 @@ class SpyreKernel:
             spec = self.spec.specialize(values)
             if self.spec.symbols:
                 self._note("specializations")
-            self._specialized[key] = spec
-            while len(self._specialized) > self.cache_size:
-                self._specialized.popitem(last=False)
-        self._specialized.move_to_end(key)
+            self._specialized.put(key, spec)
         return spec
 
     def program_for(self, places: dict[str, Any], config: Any, values: dict[str, int] | None = None):
@@ -358,7 +354,7 @@ class SpyreKernel:
         values = dict(key[0])
         with self._lock:
             if key in self._prepared:
-                return self._prepared[key]
+                return self._prepared.get(key)
             c = cards.card(card)
             spec = self.specialized(values)
             names = _local_names(spec)
@@ -376,9 +372,9 @@ class SpyreKernel:
                 _shared.put(content, prepared, names)
             debug.dump_kernel(spec, prepared.program)
             self._note("programs")
-            self._prepared[key] = prepared
-            while len(self._prepared) > self.cache_size:
-                self._prepared.popitem(last=False)
+            evicted = self._prepared.evictions
+            self._prepared.put(key, prepared)
+            for _ in range(self._prepared.evictions - evicted):
                 self._note("evictions")
             return prepared
 
@@ -464,26 +460,20 @@ class _SharedPrograms:
 
     def __init__(self, size: int):
         self.size = size
-        self._entries: OrderedDict[tuple, tuple[Any, list[str]]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._entries: BoundedCache[tuple, tuple[Any, list[str]]] = BoundedCache(size)
 
     def get(self, content: tuple, card: Any) -> tuple[Any, list[str]] | None:
         """(the prepared program, its kernel's local names), if one is alive and prepared for ``card``."""
-        with self._lock:
-            entry = self._entries.get(content)
-            prepared = entry[0]() if entry is not None else None
-            if prepared is None or prepared.card is not card:
-                if entry is not None and prepared is None:
-                    del self._entries[content]
-                return None
-            self._entries.move_to_end(content)
-            return prepared, entry[1]
+        entry = self._entries.get(content)
+        prepared = entry[0]() if entry is not None else None
+        if prepared is None or prepared.card is not card:
+            if entry is not None and prepared is None:
+                self._entries.pop(content)
+            return None
+        return prepared, entry[1]
 
     def put(self, content: tuple, prepared: Any, names: list[str]) -> None:
-        with self._lock:
-            self._entries[content] = (weakref.ref(prepared), names)
-            while len(self._entries) > self.size:
-                self._entries.popitem(last=False)
+        self._entries.put(content, (weakref.ref(prepared), names))
 
 
 _shared = _SharedPrograms(1024)
