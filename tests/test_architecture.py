@@ -2,7 +2,7 @@
 
 The layers, bottom first (docs/architecture.md, "The layer rule"):
 
-    errors < program < card < runtime < _torch < device < compiler < jobs/models/serving/adapters < cli
+    errors < util < program < card < runtime < _torch < device < compiler < jobs/models/serving/adapters < cli
 
 - ``torch_spyre/_torch/`` is the seam to torch's private APIs: it sits just below the device (the device
   and the compiler use it) and imports nothing of torch_spyre but ``errors``.
@@ -23,12 +23,12 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "torch_spyre"
 ROOT = "torch_spyre"
 
-LAYERS = ["errors", "program", "card", "runtime", "_torch", "device", "compiler", "jobs", "cli", "package"]
+LAYERS = ["errors", "util", "program", "card", "runtime", "_torch", "device", "compiler", "jobs", "cli", "package"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 # Packages and top-level modules -> layer.
 LAYER_OF = {
-    "errors": "errors", "program": "program", "card": "card", "runtime": "runtime", "profiler": "runtime",
-    "_torch": "_torch", "device": "device", "spyre_module": "device", "compiler": "compiler",
+    "errors": "errors", "util": "util", "program": "program", "card": "card", "runtime": "runtime",
+    "profiler": "runtime", "_torch": "_torch", "device": "device", "spyre_module": "device", "compiler": "compiler",
     "jobs": "jobs", "models": "jobs", "serving": "jobs", "adapters": "jobs", "testing": "jobs", "coverage": "jobs", "cli": "cli",
 }
 # Layers with a narrower rule than "anything below": the seam uses nothing of torch_spyre but errors.

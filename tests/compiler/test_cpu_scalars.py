@@ -58,3 +58,42 @@ def test_a_cpu_tensor_that_is_not_0_dim_is_still_refused():
         f(x, torch.randn(64))
     with pytest.raises(Exception, match="same device|is on cpu"):
         torch.compile(f)(x, torch.randn(64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_float64_cpu_scalar_is_read_in_the_dtype_the_kernel_computes_in(dtype):
+    # x * torch.tensor(v, dtype=float64): a 0-dim tensor does not promote a dimensioned one of its category, so
+    # the result is x's dtype; eager torch (and CUDA, which passes the scalar in the kernel's compute dtype)
+    # accepts it. The scalar comes to the card as fp32; it used to be refused as a float64 load.
+    def f(x, s):
+        return x * s + torch.log(s)  # log(s): computed on the CPU in float64, then read by the kernel
+
+    fresh()
+    x = torch.randn(4, 64).to(dtype)
+    xd = x.to("spyre")
+    compiled = torch.compile(f)
+    before = torch.spyre.memory_allocated()
+    for v in (0.1, 3.0):  # 0.1: not a float32, rounded as eager CPU rounds it (to the compute dtype)
+        s = torch.tensor(v, dtype=torch.float64)
+        got = compiled(xd, s)
+        want = f(x, s)
+        assert got.dtype == want.dtype == dtype
+        tol = dict(atol=0, rtol=0) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(got.cpu(), want, **tol)
+        del got
+    assert torch.spyre.memory_allocated() == before  # the per-call copies of the scalars are freed
+    assert wrapper.host_fallback_stats() == {}
+
+
+def test_a_float64_result_is_still_refused():
+    # An integer tensor times a float64 0-dim tensor: the 0-dim one is of a higher category, so the result is
+    # float64 (eager CPU says so), which the card cannot compute.
+    def f(x, s):
+        return x * s
+
+    fresh()
+    x = torch.arange(64, dtype=torch.int32).reshape(1, 64)
+    s = torch.tensor(2.5, dtype=torch.float64)
+    assert f(x, s).dtype == torch.float64
+    with pytest.raises(Exception, match="computes in float64, which the Spyre card cannot compute in"):
+        torch.compile(f)(x.to("spyre"), s)

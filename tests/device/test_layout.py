@@ -158,17 +158,16 @@ def test_device_to_device_copy_maps_are_bounded_by_bytes(monkeypatch):
     KV cache's ``x[:, :L].transpose`` made contiguous) must not pile them up: the least recently used
     are dropped beyond the byte budget, and a map larger than it is not kept at all."""
     from torch_spyre.device import tensor as device_tensor
+    from torch_spyre.util.bounded_cache import BoundedCache
 
-    monkeypatch.setattr(device_tensor, "_copy_maps", type(device_tensor._copy_maps)())
-    monkeypatch.setattr(device_tensor, "_copy_maps_bytes", 0)
-    monkeypatch.setattr(device_tensor, "_COPY_MAP_BUDGET", 64 << 10)
+    monkeypatch.setattr(device_tensor, "_copy_maps", BoundedCache(64 << 10))
     x = torch.randn(4, 64, 64)
     xd = x.to("spyre")
     for length in range(8, 64, 4):  # 14 geometries of 8-60 KiB maps
         got = xd[:, :length].transpose(1, 2).contiguous()
         assert torch.equal(got.cpu(), x[:, :length].transpose(1, 2).contiguous())
         kept = sum(i.nbytes + (0 if p is None else p.nbytes) for i, p, _ in device_tensor._copy_maps.values())
-        assert kept == device_tensor._copy_maps_bytes <= 64 << 10
+        assert kept == device_tensor._copy_maps.weight <= 64 << 10
     assert 0 < len(device_tensor._copy_maps) < 14
     big = torch.randn(4, 128, 64).to("spyre")
     assert torch.equal(big.transpose(1, 2).contiguous().cpu(), big.cpu().transpose(1, 2).contiguous())

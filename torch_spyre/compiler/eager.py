@@ -30,7 +30,6 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -42,6 +41,7 @@ from .._torch.device import OpOverload, version_of
 from ..device.op_call import (bound_args, flat_tensors, map_tensors, resize_written, rewrap_numbers,
                               write_only_outs, written_args)
 from ..runtime.timing_only import NoDataError
+from ..util.bounded_cache import BoundedCache
 from .kernel_runtime import generation_key
 
 MODES = ("compile", "host")
@@ -94,22 +94,21 @@ class Entry:
 class _Cache:
     def __init__(self, size: int):
         self.size = size
-        self.entries: OrderedDict[tuple, Entry] = OrderedDict()
-        self.hits = self.compiles = self.evictions = self.failures = 0
+        self.entries: BoundedCache[tuple, Entry] = BoundedCache(size)
+        self.hits = self.compiles = self.failures = 0
+
+    @property
+    def evictions(self) -> int:
+        return self.entries.evictions
 
     def get(self, key: tuple) -> Entry | None:
         entry = self.entries.get(key)
         if entry is not None:
-            self.entries.move_to_end(key)
             self.hits += 1
         return entry
 
     def put(self, key: tuple, entry: Entry) -> None:
-        self.entries[key] = entry
-        self.entries.move_to_end(key)
-        while len(self.entries) > self.size:
-            self.entries.popitem(last=False)
-            self.evictions += 1
+        self.entries.put(key, entry)
 
 
 def _cache_size() -> int:

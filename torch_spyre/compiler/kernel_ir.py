@@ -112,7 +112,7 @@ class RecordingHandler:
 
     # --- memory ---------------------------------------------------------------------------------
     def load(self, name: str, index: sympy.Expr) -> _Ref:
-        dtype = torch_inductor.current_graph().get_dtype(name)
+        dtype = _loaded_dtype(name, torch_inductor.current_graph().get_dtype(name))
         guards = {"guards": list(self.guards)} if self.guards else {}
         return self._emit("load", [], dtype, buffer=self.real_name(name), index=self._index(index), **guards)
 
@@ -217,6 +217,22 @@ class RecordingHandler:
             return self._default(name, args, kwargs)
 
         return op
+
+
+def _loaded_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """A float64 0-dim CPU tensor (``x * torch.tensor(2.0, dtype=torch.float64)``) is a per-call constant:
+    it comes to the card as fp32 (``SpyreKernel._cpu_scalars_on_card``), as a float64 literal does
+    (:meth:`RecordingHandler.constant`) and as CUDA's kernels take a CPU scalar in the dtype they compute in.
+    A kernel that really computes in float64 (only float64 operands) still fails at the op that does."""
+    if dtype != torch.float64:
+        return dtype
+    graph = torch_inductor.current_graph()
+    buf = graph.get_buffer(name)
+    if buf is None:
+        buf = graph.graph_inputs.get(name)
+    if buf is not None and buf.get_device().type == "cpu" and len(buf.get_size()) == 0:
+        return torch.float32
+    return dtype
 
 
 def _unwrapped(v: Any) -> Any:
@@ -401,11 +417,13 @@ def _buffer_spec(name: str, role: str, symbols: set[str]) -> BufferSpec:
     buf = graph.get_buffer(name)
     if buf is None and name in graph.graph_inputs:
         buf = graph.graph_inputs[name]
-    return _view_spec(name, buf.get_layout(), role, symbols)
+    layout = buf.get_layout()
+    dtype = _loaded_dtype(name, layout.dtype) if role == "input" else None
+    return _view_spec(name, layout, role, symbols, dtype)
 
 
-def _view_spec(name: str, layout: Any, role: str, symbols: set[str]) -> BufferSpec:
-    return BufferSpec(name, dtype_name(layout.dtype), dims_of(layout.size, f"buffer {name} size", symbols),
+def _view_spec(name: str, layout: Any, role: str, symbols: set[str], dtype: torch.dtype | None = None) -> BufferSpec:
+    return BufferSpec(name, dtype_name(dtype or layout.dtype), dims_of(layout.size, f"buffer {name} size", symbols),
                       dims_of(layout.stride, f"buffer {name} stride", symbols),
                       dim_of(layout.offset, f"buffer {name} offset", symbols), role)
 

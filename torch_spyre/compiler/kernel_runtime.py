@@ -28,15 +28,16 @@ import os
 import re
 import threading
 import weakref
-from collections import Counter, OrderedDict
+from collections import Counter
 from typing import Any
 
 import torch
 
+from ..util.bounded_cache import BoundedCache
 from . import optimizations
 from .core_count import forced_cores
 from .generators import generator_for
-from .kernel_spec import KernelSpec
+from .kernel_spec import KernelSpec, torch_dtype
 
 _fallbacks: Counter[str] = Counter()
 _fallback_lock = threading.Lock()
@@ -186,9 +187,9 @@ def generation_key() -> tuple[str, int | None]:
 # here instead of generating it again. Bounded; an entry is used once. A kernel of the same content as one
 # checked already (the same layer of another block) is not generated again: at run time it shares that
 # kernel's program (``_shared``).
-_checked: OrderedDict[tuple, Any] = OrderedDict()
-_checked_contents: OrderedDict[tuple, None] = OrderedDict()
 _CHECKED_SIZE = 256
+_checked: BoundedCache[tuple, Any] = BoundedCache(_CHECKED_SIZE)
+_checked_contents: BoundedCache[tuple, bool] = BoundedCache(_CHECKED_SIZE)
 
 
 def _checked_key(spec: KernelSpec, places: dict[str, Any], config: Any) -> tuple:
@@ -200,24 +201,17 @@ def check_program(spec: KernelSpec, places: dict[str, Any], config: Any) -> None
     same content was generated for the same placements already; keep it for the kernel's first call."""
     names = _local_names(spec)
     content = (_content_of(spec, names), config, _places_content(places, names), generation_key())
-    with _fallback_lock:
-        if content in _checked_contents:
-            _checked_contents.move_to_end(content)
-            return
+    if _checked_contents.get(content):
+        return
     program = generator_for(spec)(spec, places, config)
-    with _fallback_lock:
-        _checked_contents[content] = None
-        _checked[_checked_key(spec, places, config)] = program
-        for cache in (_checked_contents, _checked):
-            while len(cache) > _CHECKED_SIZE:
-                cache.popitem(last=False)
+    _checked_contents.put(content, True)
+    _checked.put(_checked_key(spec, places, config), program)
 
 
 def _take_checked_program(spec: KernelSpec, places: dict[str, Any], config: Any) -> Any:
-    with _fallback_lock:
-        if not _checked:
-            return None
-        program = _checked.pop(_checked_key(spec, places, config), None)
+    if not _checked:
+        return None
+    program = _checked.pop(_checked_key(spec, places, config))
     if program is not None:
         _count("checked")
     return program
@@ -230,8 +224,8 @@ class SpyreKernel:
     def __init__(self, spec: KernelSpec):
         self.spec = spec
         self.cache_size = shape_cache_size()
-        self._prepared: OrderedDict[tuple, Any] = OrderedDict()
-        self._specialized: OrderedDict[tuple, KernelSpec] = OrderedDict()
+        self._prepared: BoundedCache[tuple, Any] = BoundedCache(self.cache_size)
+        self._specialized: BoundedCache[tuple, KernelSpec] = BoundedCache(self.cache_size)
         self.stats: Counter[str] = Counter()
         self._lock = threading.Lock()
         self.last_launch = None
@@ -274,10 +268,9 @@ class SpyreKernel:
         if places is None:  # a tensor of no elements: nothing to compute
             return
         key = (values, card, tuple(sorted(places.items(), key=lambda kv: kv[0])), generation_key())
-        with self._lock:
-            prepared = self._prepared.get(key)
-            if prepared is not None:
-                self._prepared.move_to_end(key)
+        prepared = self._prepared.get(key)
+        if prepared is not None:
+            with self._lock:
                 self._note("hits")
         if prepared is None:
             prepared = self._prepare(places, card, key)
@@ -304,7 +297,9 @@ class SpyreKernel:
         if card is None:
             return args  # nothing on a card to copy it to: placements says so
         self.stats["cpu_scalar_copies"] += 1  # per kernel only: not a shape-cache event
-        return {**args, **{n: args[n].to(card) for n in scalars}}
+        # In the spec's dtype: a float64 scalar comes as fp32 (kernel_ir._loaded_dtype).
+        dtypes = {b.name: torch_dtype(b.dtype) for b in self.spec.buffers}
+        return {**args, **{n: args[n].to(dtypes[n]).to(card) for n in scalars}}
 
     def _operands_in_walkable_views(self, args: dict[str, Any]) -> dict[str, Any]:
         """The matmul and gather generators read each operand as one stride per dim of its allocation (a
@@ -340,10 +335,7 @@ class SpyreKernel:
             spec = self.spec.specialize(values)
             if self.spec.symbols:
                 self._note("specializations")
-            self._specialized[key] = spec
-            while len(self._specialized) > self.cache_size:
-                self._specialized.popitem(last=False)
-        self._specialized.move_to_end(key)
+            self._specialized.put(key, spec)
         return spec
 
     def program_for(self, places: dict[str, Any], config: Any, values: dict[str, int] | None = None):
@@ -362,7 +354,7 @@ class SpyreKernel:
         values = dict(key[0])
         with self._lock:
             if key in self._prepared:
-                return self._prepared[key]
+                return self._prepared.get(key)
             c = cards.card(card)
             spec = self.specialized(values)
             names = _local_names(spec)
@@ -380,9 +372,9 @@ class SpyreKernel:
                 _shared.put(content, prepared, names)
             debug.dump_kernel(spec, prepared.program)
             self._note("programs")
-            self._prepared[key] = prepared
-            while len(self._prepared) > self.cache_size:
-                self._prepared.popitem(last=False)
+            evicted = self._prepared.evictions
+            self._prepared.put(key, prepared)
+            for _ in range(self._prepared.evictions - evicted):
                 self._note("evictions")
             return prepared
 
@@ -468,26 +460,20 @@ class _SharedPrograms:
 
     def __init__(self, size: int):
         self.size = size
-        self._entries: OrderedDict[tuple, tuple[Any, list[str]]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._entries: BoundedCache[tuple, tuple[Any, list[str]]] = BoundedCache(size)
 
     def get(self, content: tuple, card: Any) -> tuple[Any, list[str]] | None:
         """(the prepared program, its kernel's local names), if one is alive and prepared for ``card``."""
-        with self._lock:
-            entry = self._entries.get(content)
-            prepared = entry[0]() if entry is not None else None
-            if prepared is None or prepared.card is not card:
-                if entry is not None and prepared is None:
-                    del self._entries[content]
-                return None
-            self._entries.move_to_end(content)
-            return prepared, entry[1]
+        entry = self._entries.get(content)
+        prepared = entry[0]() if entry is not None else None
+        if prepared is None or prepared.card is not card:
+            if entry is not None and prepared is None:
+                self._entries.pop(content)
+            return None
+        return prepared, entry[1]
 
     def put(self, content: tuple, prepared: Any, names: list[str]) -> None:
-        with self._lock:
-            self._entries[content] = (weakref.ref(prepared), names)
-            while len(self._entries) > self.size:
-                self._entries.popitem(last=False)
+        self._entries.put(content, (weakref.ref(prepared), names))
 
 
 _shared = _SharedPrograms(1024)

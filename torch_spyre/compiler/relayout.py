@@ -10,13 +10,12 @@ the DLFloat16 codes exactly).
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections import OrderedDict
 from typing import Any
 
 from ..errors import SpyreError
 from ..card.layout import StickLayout
 from ..program import Program
+from ..util.bounded_cache import BoundedCache
 from . import optimizations
 from .access import TensorView
 from .codegen.exchange import onchip_relayout_program, why_not
@@ -100,7 +99,8 @@ def relayout(t: Any, stick_dim: int) -> Any:
 # (configuration, layouts) and the faster runs (relayout() itself times nothing when the exchange is
 # refused: copy_path). Bounded like _PREPARED; the configuration is held so that
 # a recycled id() is not mistaken for it.
-_CHOICES: OrderedDict[tuple, tuple[Any, tuple[bool, str, float]]] = OrderedDict()
+_CACHE_ENTRIES = 256
+_CHOICES: BoundedCache[tuple, tuple[Any, tuple[bool, str, float]]] = BoundedCache(_CACHE_ENTRIES)
 
 
 def _not_on_chip(src: StickLayout, dst: StickLayout, config: Any) -> str | None:
@@ -128,11 +128,9 @@ def copy_choice(src: StickLayout, dst: StickLayout, config: Any) -> tuple[bool, 
     from ..card.timing import time_program
 
     key = (id(config), src, dst, optimizations.enabled("onchip_relayout"))
-    with _PREPARED_LOCK:
-        hit = _CHOICES.get(key)
-        if hit is not None and hit[0] is config:
-            _CHOICES.move_to_end(key)
-            return hit[1]
+    hit = _CHOICES.get(key)
+    if hit is not None and hit[0] is config:
+        return hit[1]
     device_s = time_program(relayout_program(src, dst, config), config).total_s
     reason = _not_on_chip(src, dst, config)
     if reason:
@@ -143,19 +141,14 @@ def copy_choice(src: StickLayout, dst: StickLayout, config: Any) -> tuple[bool, 
                    "(card timing model)")
         choice = ((True, f"on chip, the faster: {figures}", onchip_s) if onchip_s < device_s else
                   (False, f"through device memory, not slower: {figures}", device_s))
-    with _PREPARED_LOCK:
-        _CHOICES[key] = (config, choice)
-        while len(_CHOICES) > _PREPARED_SIZE:
-            _CHOICES.popitem(last=False)
+    _CHOICES.put(key, (config, choice))
     return choice
 
 
 # Prepared relayout programs by (card, source layout, destination layout): a weight is relayouted once,
 # but a model has many weights of one shape. Bounded (an LRU), and an entry prepared for a card object
 # since replaced (another configuration) is made again.
-_PREPARED: OrderedDict[tuple, Any] = OrderedDict()
-_PREPARED_SIZE = 256
-_PREPARED_LOCK = threading.Lock()
+_PREPARED: BoundedCache[tuple, Any] = BoundedCache(_CACHE_ENTRIES)
 
 
 def _prepared_relayout(card: int, src: StickLayout, dst: StickLayout, in_place: bool = False,
@@ -167,8 +160,7 @@ def _prepared_relayout(card: int, src: StickLayout, dst: StickLayout, in_place: 
 
     c = cards.card(card)
     key = (card, src, dst, in_place, onchip, why)
-    with _PREPARED_LOCK:
-        prepared = _PREPARED.get(key)
+    prepared = _PREPARED.get(key)
     if prepared is None or prepared.card is not c:
         name = f"spyre_relayout_{'x'.join(map(str, src.host_shape))}_d{src.stick_dim}_to_d{dst.stick_dim}"
         if in_place or onchip:
@@ -179,12 +171,8 @@ def _prepared_relayout(card: int, src: StickLayout, dst: StickLayout, in_place: 
             d = program.metadata["decisions"]
             d["notes"] = list(d.get("notes", [])) + [f"relayout into a new allocation {why}"]
         prepared = prepare(program, c)
-    with _PREPARED_LOCK:
-        _PREPARED[key] = prepared
-        _PREPARED.move_to_end(key)
-        while len(_PREPARED) > _PREPARED_SIZE:
-            _PREPARED.popitem(last=False)
-        return prepared
+        _PREPARED.put(key, prepared)
+    return prepared
 
 
 def onchip_fallback(src: StickLayout, dst: StickLayout, card: int = 0) -> str | None:

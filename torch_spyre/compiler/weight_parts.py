@@ -34,7 +34,6 @@ import itertools
 import os
 import threading
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +45,7 @@ from ..device.memory_stats import on_empty_cache
 from ..device.storage import allocation_of
 from ..device.tensor import has_data
 from ..runtime import timing_only
+from ..util.bounded_cache import BoundedCache
 from . import fp32_matmul
 
 ENV = "TORCH_SPYRE_WEIGHT_PARTS_CACHE"  # "0": off; "1" (default): on
@@ -163,7 +163,7 @@ class _Entry:
     finalizer: Any = None  # weakref.finalize on B's storage; detached when the entry goes first
 
 
-def _drop(entry: _Entry) -> None:
+def _drop(key: tuple, entry: _Entry) -> None:
     """An entry leaves the cache: its storage's finalizer is no longer needed (one per live entry, not one per
     store: a weight written every step would pile them up)."""
     if entry.finalizer is not None:
@@ -171,17 +171,36 @@ def _drop(entry: _Entry) -> None:
 
 
 class _Cache:
+    """One LRU per card, each bounded by that card's :func:`budget` (set at each store)."""
+
     def __init__(self):
-        self.entries: OrderedDict[tuple, _Entry] = OrderedDict()
-        self.nbytes: dict[int, int] = {}  # card -> bytes of its entries' parts
-        self.hits = self.misses = self.evictions = self.invalidations = self.released = self.oversized = 0
+        self.cards: dict[int, BoundedCache[tuple, _Entry]] = {}
+        self.hits = self.misses = self.invalidations = self.released = self.oversized = 0
+
+    def of(self, card: int) -> BoundedCache[tuple, _Entry]:
+        if card not in self.cards:
+            self.cards[card] = BoundedCache(0, on_drop=_drop)
+        return self.cards[card]
+
+    @property
+    def entries(self) -> dict[tuple, _Entry]:
+        return {key: entry for cache in self.cards.values() for key, entry in cache.items()}
+
+    @property
+    def evictions(self) -> int:
+        return sum(cache.evictions for cache in self.cards.values())
+
+    def get(self, key: tuple) -> _Entry | None:
+        for cache in self.cards.values():  # a handful of cards
+            if key in cache:
+                return cache.get(key)
+        return None
 
     def pop(self, key: tuple) -> _Entry | None:
-        entry = self.entries.pop(key, None)
-        if entry is not None:
-            self.nbytes[entry.card] -= entry.nbytes
-            _drop(entry)
-        return entry
+        for cache in self.cards.values():
+            if key in cache:
+                return cache.pop(key)
+        return None
 
 
 _lock = threading.RLock()
@@ -200,7 +219,7 @@ def key_of(b: torch.Tensor, card: int, context: tuple) -> tuple:
 def lookup(b: torch.Tensor, key: tuple) -> torch.Tensor | None:
     """``b``'s cached parts if they were split from its current version and storage."""
     with _lock:
-        entry = _cache.entries.get(key)
+        entry = _cache.get(key)
         if entry is None:
             _cache.misses += 1
             return None
@@ -211,7 +230,6 @@ def lookup(b: torch.Tensor, key: tuple) -> torch.Tensor | None:
             _cache.invalidations += 1
             _cache.misses += 1
             return None
-        _cache.entries.move_to_end(key)
         _cache.hits += 1
         return entry.parts
 
@@ -227,25 +245,21 @@ def store(b: torch.Tensor, key: tuple, parts: torch.Tensor, version: int) -> Non
     nbytes = alloc.nbytes if alloc is not None else 0
     with _lock:
         _cache.pop(key)
-        if nbytes > limit:  # would evict everything and still not fit: not kept
-            _cache.oversized += 1
-            return
+        cache = _cache.of(card)
+        cache.bound = limit
         storage = b.untyped_storage()
         token = next(_tokens)
-        entry = _Entry(version, parts, weakref.ref(storage), token, card, nbytes,
-                       weakref.finalize(storage, _release, key, token))
-        while _cache.nbytes.get(card, 0) + nbytes > limit:
-            oldest = next(k for k, e in _cache.entries.items() if e.card == card)
-            _cache.pop(oldest)
-            _cache.evictions += 1
-        _cache.entries[key] = entry
-        _cache.nbytes[card] = _cache.nbytes.get(card, 0) + nbytes
+        entry = _Entry(version, parts, weakref.ref(storage), token, card, nbytes)
+        if not cache.put(key, entry, nbytes):  # would evict everything and still not fit: not kept
+            _cache.oversized += 1
+            return
+        entry.finalizer = weakref.finalize(storage, _release, key, token)
 
 
 def _release(key: tuple, token: int) -> None:
     """B's storage died: drop its parts (unless the entry now holds other parts, of a newer storage)."""
     with _lock:
-        entry = _cache.entries.get(key)
+        entry = _cache.get(key)
         if entry is not None and entry.token == token:
             _cache.pop(key)
             _cache.released += 1
@@ -259,7 +273,8 @@ def stats() -> dict[str, int]:
     with _lock:
         return {"hits": _cache.hits, "misses": _cache.misses, "invalidations": _cache.invalidations,
                 "evictions": _cache.evictions, "released": _cache.released, "oversized": _cache.oversized,
-                "entries": len(_cache.entries), "bytes": sum(_cache.nbytes.values()), "budget": budget(0)}
+                "entries": sum(map(len, _cache.cards.values())),
+                "bytes": sum(cache.weight for cache in _cache.cards.values()), "budget": budget(0)}
 
 
 def clear() -> None:
@@ -274,7 +289,5 @@ def clear() -> None:
 def _drop_all() -> None:
     """Drop every cached entry (their device memory is freed); ``torch.spyre.empty_cache()`` calls this."""
     with _lock:
-        for entry in _cache.entries.values():
-            _drop(entry)
-        _cache.entries.clear()
-        _cache.nbytes.clear()
+        for cache in _cache.cards.values():
+            cache.clear()

@@ -111,7 +111,6 @@ def np_view_dtype(dtype: torch.dtype) -> np.dtype:
     return np.dtype(torch.empty(0, dtype=dtype).numpy().dtype)
 
 
-
 def encode(host: torch.Tensor, encoding: str) -> np.ndarray:
     """Flat device-encoded elements of a CPU tensor (any shape, read in row-major order)."""
     flat = host.detach().reshape(-1)

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -31,6 +29,7 @@ from ..program import row_major_strides
 from ..card.memory import Allocation, DeviceOutOfMemoryError, round_to_sticks
 from ..errors import SpyreError
 from ..runtime import timing_only
+from ..util.bounded_cache import BoundedCache
 from . import cards, dtypes, storage
 
 
@@ -337,9 +336,7 @@ def copy_within(src: torch.Tensor, dst: torch.Tensor) -> tuple[Transfer, Transfe
 # Each map is as large as its destination (an index per device element), and a shape that changes every step
 # (a growing KV cache's permuted view made contiguous) makes a new one: bounded by bytes, not entries.
 _COPY_MAP_BUDGET = 64 << 20
-_copy_maps: OrderedDict[tuple, tuple[np.ndarray, np.ndarray | None, int]] = OrderedDict()
-_copy_maps_bytes = 0
-_copy_maps_lock = threading.Lock()
+_copy_maps: BoundedCache[tuple, tuple[np.ndarray, np.ndarray | None, int]] = BoundedCache(_COPY_MAP_BUDGET)
 
 
 def _copy_map(s_layout: StickLayout, shape: tuple[int, ...], stride: tuple[int, ...], offset: int,
@@ -347,22 +344,11 @@ def _copy_map(s_layout: StickLayout, shape: tuple[int, ...], stride: tuple[int, 
     """For :func:`copy_within`: the source device element of each destination device element, the
     destination's padding positions (None if none) and the device bytes the read touches; the most
     recently used maps are kept, up to ``_COPY_MAP_BUDGET`` bytes."""
-    global _copy_maps_bytes
     key = (s_layout, shape, stride, offset, d_layout)
-    with _copy_maps_lock:
-        if key in _copy_maps:
-            _copy_maps.move_to_end(key)
-            return _copy_maps[key]
-    found = _make_copy_map(*key)
-    size = found[0].nbytes + (0 if found[1] is None else found[1].nbytes)
-    if size <= _COPY_MAP_BUDGET:
-        with _copy_maps_lock:
-            if key not in _copy_maps:
-                _copy_maps[key] = found
-                _copy_maps_bytes += size
-            while _copy_maps_bytes > _COPY_MAP_BUDGET:
-                _, (index, padding, _) = _copy_maps.popitem(last=False)
-                _copy_maps_bytes -= index.nbytes + (0 if padding is None else padding.nbytes)
+    found = _copy_maps.get(key)
+    if found is None:
+        found = _make_copy_map(*key)
+        _copy_maps.put(key, found, found[0].nbytes + (0 if found[1] is None else found[1].nbytes))
     return found
 
 

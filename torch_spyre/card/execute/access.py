@@ -8,7 +8,7 @@ import numpy as np
 
 from ...program import STICK_BYTES, DmaPattern, SpTensor
 from .. import vector_ops
-from .state import CoreState, ExecutionError
+from .state import CoreState, ExecutionError, ring_race_fix
 
 
 class ScratchpadAccess:
@@ -55,8 +55,8 @@ class ScratchpadAccess:
                                      f"({offset:#x}), which core {t.src_core}'s ring_send (instruction {t.src_index}) "
                                      "is writing (sent, not yet received here). If this reads that transfer, "
                                      "ring_recv it first; if the bytes belong to another buffer, the transfer may "
-                                     "land while this instruction reads them: give the transfer bytes of its own, "
-                                     f"or signal core {t.src_core} once done with them and have it wait before sending.")
+                                     "land while this instruction reads them. "
+                                     f"{ring_race_fix(st.id, f'core {t.src_core}')}.")
         raise self._fail(st, f"{what} reads scratchpad byte {offset} ({offset:#x}), which nothing wrote in "
                              "this execution. Load or compute it first.")
 

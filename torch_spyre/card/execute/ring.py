@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...program import Barrier, RingRecv, RingSend, Signal, Wait
-from .state import CoreState, InFlight, Received
+from .state import CoreState, InFlight, Received, ring_race_fix
 
 
 class RingAndSync:
@@ -37,10 +37,8 @@ class RingAndSync:
                 raise self._fail(st, f"scratchpad race on core {ins.dst_core}: this ring_send writes its bytes "
                                      f"[{dst.start}, {dst.stop}) while core {t.src_core}'s ring_send (instruction "
                                      f"{t.src_index}) into bytes [{t.dst_offset}, {t.dst_offset + t.nbytes}) is still "
-                                     "in flight, so the two transfers may land in either order. Fix the generator: "
-                                     "give them disjoint destination bytes, or have core "
-                                     f"{ins.dst_core} signal the second sender after it receives (and last reads) "
-                                     "the first transfer, and that sender wait for it before its ring_send")
+                                     "in flight, so the two transfers may land in either order. "
+                                     + ring_race_fix(ins.dst_core, "the second sender", "the first transfer") + ".")
         target = self.cores[ins.dst_core]
         target.sp[dst] = st.sp[src]
         # Until the receiver's ring_recv, the bytes are in flight: not readable there.
@@ -60,8 +58,7 @@ class RingAndSync:
         if st.written[dst].any():
             raise self._fail(st, f"scratchpad race on core {st.id}: this core wrote scratchpad bytes [{dst.start}, "
                                  f"{dst.stop}) while core {t.src_core}'s ring_send (instruction {t.src_index}) was in "
-                                 "flight into them. Fix the generator: give the transfer bytes of its own, or signal "
-                                 f"core {t.src_core} once done with them and have it wait before sending")
+                                 "flight into them. " + ring_race_fix(st.id, f"core {t.src_core}") + ".")
         self.in_flight[st.id].remove(t)
         self._mark_written(st, st.written[dst], dst.stop)
         # The transfer wrote these bytes at some moment between its send and now: record it as a use here,

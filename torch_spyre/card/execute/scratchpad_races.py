@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .races import _concat_ranges
-from .state import ExecutionError, Received, short
+from .state import ExecutionError, Received, ring_race_fix, short
 
 _PAIRS = 1 << 20
 
@@ -71,21 +71,16 @@ class ScratchpadRaceCheck:
                     f"(instruction {other.src_index}) into bytes [{lo}, {hi})")
             why = ("that receive does not happen before this send, so the two transfers may land in either "
                    "order and the receiver may read the wrong one's bytes")
-            fix = (f"give the two transfers disjoint destination bytes, or have core {t.dst_core} signal core "
-                   f"{t.src_core} after that ring_recv (and after its last read of those bytes) and core "
-                   f"{t.src_core} wait for it before this ring_send")
+            fix = ring_race_fix(t.dst_core, f"core {t.src_core}", "that transfer")
         else:
             what = f"core {t.dst_core}'s instruction {pc} ({short(ins)}), which uses bytes [{lo}, {hi})"
             why = ("that instruction neither happens before this send nor comes after the ring_recv "
                    f"(instruction {t.recv_index}) that completes it, so the transfer may land while it "
                    "reads or writes those bytes")
-            fix = (f"give the transfer destination bytes that no buffer live between core {t.dst_core}'s "
-                   f"instruction {pc} and its ring_recv shares, or have core {t.dst_core} signal core "
-                   f"{t.src_core} once it is done with those bytes and core {t.src_core} wait for it before "
-                   "this ring_send")
+            fix = ring_race_fix(t.dst_core, f"core {t.src_core}", live_from=pc)
         raise ExecutionError(
             f"scratchpad race on core {t.dst_core}: this ring_send writes its bytes [{t.lo}, {t.hi}) and "
             f"races with {what}: bytes {shared} of both, with nothing ordering them; {why}. This does not "
-            f"depend on the order the simulator runs the cores in. Fix the generator: {fix}.",
+            f"depend on the order the simulator runs the cores in. {fix}.",
             t.src_core, t.src_index, send,
         )

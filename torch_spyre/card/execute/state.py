@@ -23,6 +23,25 @@ def short(ins: Instruction) -> str:
     return " ".join(format_instruction(ins).split())
 
 
+def ring_race_fix(receiver: int, sender: str, first: str | None = None, live_from: int | None = None) -> str:
+    """The generator's two ways out of a race on a ring transfer's destination bytes in core ``receiver``'s
+    scratchpad: bytes of their own, or an order by Signal/Wait before ``sender``'s ring_send (``sender``:
+    "core 2", or "the second sender" when either may be). ``first``: the transfer that the send races with,
+    when two race; else the transfer races with a use of its bytes, by the buffer live from the receiver's
+    instruction ``live_from`` (None: unknown) to its ring_recv."""
+    if first is not None:
+        bytes_ = "give the two transfers disjoint destination bytes"
+        after = f"after it receives (and last reads) {first}"
+    else:
+        bytes_ = "give the transfer bytes of its own"
+        if live_from is not None:
+            bytes_ += (f" (none that a buffer live between core {receiver}'s instruction {live_from} and its "
+                       "ring_recv shares)")
+        after = "once done with them"
+    return (f"Fix the generator: {bytes_}, or have core {receiver} signal {sender} {after}, and {sender} wait "
+            "for it before its ring_send")
+
+
 # Scratchpads are kept per card across executions: allocating 2 MiB x 32 per launch costs more than the
 # typical kernel's work. All cores' scratchpads are rows of one block, so that the fast executor can view
 # one instruction's tensor on several cores as one strided array (a core's row is ``block[core]``).

@@ -8,12 +8,12 @@ a first call's programs are found here.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
 from ...program import DmaGather, DmaLoad, DmaStore, Program
 from ..config import CardConfig
+from ...util.bounded_cache import BoundedCache
 from .report import ProgramTiming
 
 
@@ -44,20 +44,18 @@ class TimingMemo:
     with containers of its own (a caller may modify what it gets)."""
 
     def __init__(self, size: int = 256):
-        self.size = size
-        self._results: OrderedDict[tuple, ProgramTiming] = OrderedDict()
+        self._results: BoundedCache[tuple, ProgramTiming] = BoundedCache(size)
+
+    @property
+    def size(self) -> int:
+        return self._results.bound
 
     def get(self, key: tuple, program: Program, config: CardConfig) -> ProgramTiming | None:
         hit = self._results.get(key)
-        if hit is None:
-            return None
-        self._results.move_to_end(key)
-        return _copy(hit, program.name, config)
+        return None if hit is None else _copy(hit, program.name, config)
 
     def put(self, key: tuple, timing: ProgramTiming) -> ProgramTiming:
-        self._results[key] = _copy(timing, timing.program_name, timing.config)
-        while len(self._results) > self.size:
-            self._results.popitem(last=False)
+        self._results.put(key, _copy(timing, timing.program_name, timing.config))
         return timing
 
     def clear(self) -> None:

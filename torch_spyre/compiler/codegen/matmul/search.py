@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Iterable
 
 from ....card.config import CardConfig
+from ....util.bounded_cache import BoundedCache
 from ... import optimizations
 from .cost import Estimate, _split_traffic, _SplitTraffic, core_shape, estimate, lower_bound
 from .plan import Split, Tiles, _assign, _CoreWork, _divisors, _fits, _round, _row_align, _Shape, _splits
@@ -184,9 +184,9 @@ def rank_plans(spec: MatmulSpec, config: CardConfig, top: int | None = None, kee
 
 # Ranked plans by what the ranking depends on (see :func:`plan_key`): the layers of a model repeat their
 # matmuls, and so does every call of an eager op; a bounded LRU.
-_PLANS: OrderedDict[tuple, list[Plan]] = OrderedDict()
-_PLANS_LOCK = threading.Lock()
 PLAN_CACHE_SIZE = 1024
+_PLANS: BoundedCache[tuple, list[Plan]] = BoundedCache(PLAN_CACHE_SIZE)
+_PLANS_LOCK = threading.Lock()  # for the counters
 plan_cache_stats = {"hits": 0, "misses": 0}
 
 
@@ -208,18 +208,15 @@ def cached_rank_plans(spec: MatmulSpec, config: CardConfig, keep: int | None = N
     """:func:`rank_plans` once per :func:`plan_key` (a copy of the list; the plans themselves are shared and
     never modified)."""
     key = plan_key(spec, config, keep, max_cores)
-    with _PLANS_LOCK:
-        ranked = _PLANS.get(key)
-        if ranked is not None:
-            _PLANS.move_to_end(key)
+    ranked = _PLANS.get(key)
+    if ranked is not None:
+        with _PLANS_LOCK:
             plan_cache_stats["hits"] += 1
-            return list(ranked)
+        return list(ranked)
     ranked = rank_plans(spec, config, keep=keep, max_cores=max_cores)
     with _PLANS_LOCK:
         plan_cache_stats["misses"] += 1
-        _PLANS[key] = ranked
-        while len(_PLANS) > PLAN_CACHE_SIZE:
-            _PLANS.popitem(last=False)
+    _PLANS.put(key, ranked)
     return list(ranked)
 
 
