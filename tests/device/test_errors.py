@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import torch_spyre  # noqa: F401
+from torch_spyre.device.dtypes import UnsupportedDtypeError
 
 
 def test_mixing_cpu_and_spyre_in_one_op(settled):
@@ -44,11 +45,11 @@ def test_device_index_beyond_the_cards():
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.complex64, torch.complex128])
 def test_dtypes_the_card_cannot_hold(dtype):
-    with pytest.raises(TypeError, match=r"cannot hold .*supported: .*float32.*;"):
+    with pytest.raises(UnsupportedDtypeError, match=r"cannot hold .*supported: .*float32.*;"):
         torch.ones(2, dtype=dtype).to("spyre")
-    with pytest.raises(TypeError, match="cannot hold"):
+    with pytest.raises(UnsupportedDtypeError, match="cannot hold"):
         torch.zeros(2, dtype=dtype, device="spyre")
-    with pytest.raises(TypeError, match="cannot hold"):
+    with pytest.raises(UnsupportedDtypeError, match="cannot hold"):
         torch.ones(2, device="spyre").to(dtype)
 
 
@@ -65,15 +66,15 @@ def test_sparse_layouts_are_refused_and_leave_the_card_as_it_was(mode, monkeypat
                        (lambda: torch.zeros(0, 5).to_sparse_csr().to("spyre"), "sparse_csr"),
                        (lambda: torch.eye(3).to_sparse_csc().to("spyre"), "sparse_csc"),
                        (lambda: torch.eye(4).to_sparse_bsr((2, 2)).to("spyre"), "sparse_bsr")):
-        with pytest.raises(TypeError, match=rf"cannot hold {layout} tensors .*only dense, strided tensors.*"
-                                            r"x\.cpu\(\)\.to_sparse\(\)"):
+        with pytest.raises(UnsupportedDtypeError,
+                           match=rf"cannot hold {layout} tensors .*only dense, strided tensors.*x\.cpu\(\)\.to_sparse\(\)"):
             op()
     assert settled() == base
     assert a.cpu().equal(torch.arange(12.0).reshape(3, 4))
 
 
 def test_float64_suggests_float32():
-    with pytest.raises(TypeError, match=r"x\.to\(torch\.float32\)"):
+    with pytest.raises(UnsupportedDtypeError, match=r"x\.to\(torch\.float32\)"):
         torch.ones(2, dtype=torch.float64).to("spyre")
 
 

@@ -1,7 +1,7 @@
 """PyTorch's OpInfo database (op_db) on spyre: float32 samples of every op, compared with the CPU.
 
 Ops expected to differ are listed with the reason, and results the card cannot hold (complex, float64,
-uint64) must be refused with the dtype TypeError; any other failure fails the test, and so does an
+uint64) must be refused with the dtype error (device/dtypes.py); any other failure fails the test, and so does an
 "An output ... was resized" warning that the CPU does not give for the same sample.
 """
 
@@ -30,7 +30,7 @@ EXPECTED = {
     # sparse layouts are not supported on spyre
     "sparse.sampled_addmm": "sparse", "sparse.mm": "sparse", "to_sparse": "sparse",
 }
-UNSUPPORTED_DTYPE = "cannot hold"  # complex, float64, uint64 results: the card refuses them with a TypeError
+UNSUPPORTED_DTYPE = "cannot hold"  # complex, float64, uint64 results: the card refuses them (UnsupportedDtypeError)
 
 
 def _resize_warnings(caught) -> set[str]:

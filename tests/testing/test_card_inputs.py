@@ -63,10 +63,12 @@ def test_a_compile_that_refuses_a_dtype_is_a_refusal_not_a_failure():
     """torch.compile wraps the compiler's UnsupportedDtypeError (log_softmax with dtype=float64) in Dynamo's
     errors: the templates find it in the chain of causes and skip the sample, as eager refusals are."""
     from torch_spyre.compiler.kernel_spec import UnsupportedDtypeError
+    from torch_spyre.device.dtypes import UnsupportedDtypeError as DeviceUnsupportedDtypeError
     from torch_spyre.testing.card_inputs import refused
 
     wrapped = _raised(RuntimeError("backend compiler failed"), UnsupportedDtypeError("computes in float64"))
     assert refused(wrapped)
-    assert refused(TypeError("the Spyre card cannot hold float64 tensors"))
+    assert refused(DeviceUnsupportedDtypeError("the Spyre card cannot hold float64 tensors"))
+    assert refused(_raised(RuntimeError("backend compiler failed"), DeviceUnsupportedDtypeError("cannot hold")))
     assert not refused(_raised(RuntimeError("backend compiler failed"), ValueError("float64")))
     assert not refused(TypeError("unsupported operand"))

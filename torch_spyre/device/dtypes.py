@@ -37,12 +37,14 @@ DLFLOAT16 = "dlfloat16"  # fp16/bf16 values as DLFloat16 bits
 RAW = "raw"  # the host dtype's own bits
 
 
-class UnsupportedDtypeError(SpyreError, TypeError):
-    pass
+class UnsupportedDtypeError(SpyreError, RuntimeError):
+    """A dtype or layout the card cannot hold. A RuntimeError, as CUDA's "not implemented for 'Double'" is, not
+    a TypeError: torch's Tensor operators (``x * s``) turn a TypeError raised inside the op into
+    ``NotImplemented``, and Python's generic "unsupported operand type(s)" would replace this message."""
 
 
 def device_dtype(dtype: torch.dtype) -> str:
-    """The device dtype for ``dtype``; a clear TypeError for dtypes the card cannot hold."""
+    """The device dtype for ``dtype``; a clear :class:`UnsupportedDtypeError` for dtypes the card cannot hold."""
     try:
         return DEVICE_DTYPE[dtype]
     except KeyError:
@@ -50,7 +52,9 @@ def device_dtype(dtype: torch.dtype) -> str:
         if dtype.is_complex:
             hint = "store real and imaginary parts as two float32 tensors (torch.view_as_real(x).float())"
         elif dtype.is_floating_point:
-            hint = f"convert it first, e.g. x.to({suggestion}).to('spyre')"
+            hint = (f"convert it first, e.g. x.to({suggestion}).to('spyre'); for an op's result, convert the "
+                    f"operand that promotes it to {str(dtype).replace('torch.', '')} (a 0-dim CPU tensor, a Python "
+                    f"float under that default dtype) to float32 first, e.g. s.to({suggestion})")
         else:
             hint = "convert it first, e.g. x.to(torch.int64).to('spyre')"
         supported = ", ".join(str(d).replace("torch.", "") for d in DEVICE_DTYPE)
@@ -61,7 +65,7 @@ def device_dtype(dtype: torch.dtype) -> str:
 
 
 def check_layout(layout: torch.layout, what: str) -> None:
-    """A clear TypeError for layouts the card cannot hold (sparse, mkldnn): only dense, strided tensors.
+    """A clear :class:`UnsupportedDtypeError` for layouts the card cannot hold (sparse, mkldnn): only dense, strided tensors.
     ``what`` names where the tensor came from (``the result of aten::_to_sparse``)."""
     if layout != torch.strided:
         name = str(layout).replace("torch.", "")

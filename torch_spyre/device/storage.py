@@ -92,7 +92,7 @@ def storage_tensor(card: int, alloc: Allocation | None, dtype: torch.dtype, nume
     if dtype not in _DL_CODES:
         from .dtypes import device_dtype
 
-        device_dtype(dtype)  # raises the TypeError that names the dtype and what to do
+        device_dtype(dtype)  # raises the error that names the dtype and what to do
     code, bits = _DL_CODES[dtype]
     size = ctypes.sizeof(_DLManagedTensor) + 8
     block = _libc.malloc(size)

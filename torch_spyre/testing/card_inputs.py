@@ -15,7 +15,7 @@ from ..device.dtypes import dlfloat16_emulation
 from .opinfo_templates import DEVICE_DTYPES
 
 DEFAULT_TOLERANCES = {torch.float32: (1e-3, 1e-3), torch.float16: (2e-2, 2e-2), torch.bfloat16: (5e-2, 5e-2)}
-REFUSED = "cannot hold"  # the device's TypeError for dtypes it cannot hold (device/dtypes.py)
+REFUSED = "cannot hold"  # the device's UnsupportedDtypeError for dtypes it cannot hold (device/dtypes.py)
 
 
 def to_device(tree, device):
@@ -75,15 +75,16 @@ def noncontiguous_on(tree, device):
 
 
 def refused(e: BaseException | None) -> bool:
-    """Whether ``e`` is the card refusing a dtype it cannot hold (eager: the device's TypeError), or the
+    """Whether ``e`` is the card refusing a dtype it cannot hold (eager: the device's UnsupportedDtypeError, a RuntimeError), or the
     compiler refusing to compute in one (its UnsupportedDtypeError, which a compile raises wrapped in
     Dynamo's and Inductor's errors: the chain of causes is searched)."""
     from ..compiler.kernel_spec import UnsupportedDtypeError
+    from ..device.dtypes import UnsupportedDtypeError as DeviceUnsupportedDtypeError
 
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, UnsupportedDtypeError) or (isinstance(e, TypeError) and REFUSED in str(e)):
+        if isinstance(e, (UnsupportedDtypeError, DeviceUnsupportedDtypeError)):
             return True
         e = e.__cause__ or e.__context__ or getattr(e, "inner_exception", None)
     return False

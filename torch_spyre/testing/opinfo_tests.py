@@ -10,8 +10,8 @@ the PrivateUse1 device), one test per template, OpInfo and dtype, named
 - ``type_promotion``: binary ops with the other operand in another dtype give the CPU's dtype and values;
 - ``backward``: the gradients of differentiable ops;
 - ``compiled``: ``torch.compile`` of the op on spyre (the first sample);
-- ``unsupported_dtype_refused`` (per dtype, not per op): a dtype the card cannot hold is refused with a
-  TypeError naming it.
+- ``unsupported_dtype_refused`` (per dtype, not per op): a dtype the card cannot hold is refused with the
+  device's UnsupportedDtypeError (a RuntimeError) naming it.
 
 For 16-bit dtypes the CPU reference runs on inputs rounded as the card stores them (DLFloat16): each input
 makes the round trip to the card first. A sample whose CPU reference raises is not a spyre question and is
@@ -177,7 +177,7 @@ class TestSpyreOps(seam.device_test_case()):
 
     @seam.dtypes(*REFUSED_DTYPES)
     def test_unsupported_dtype_refused(self, device, dtype):
-        with self.assertRaisesRegex(TypeError, f"{REFUSED} {str(dtype).replace('torch.', '')}"):
+        with self.assertRaisesRegex(RuntimeError, f"{REFUSED} {str(dtype).replace('torch.', '')}"):
             torch.zeros(4, dtype=dtype).to(device)
 
 
