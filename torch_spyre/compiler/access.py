@@ -486,6 +486,8 @@ def affine_strides(p: np.ndarray) -> tuple[int, tuple[int, ...]] | None:
     if p.size == 0:
         return 0, tuple(0 for _ in p.shape)
     base = int(p.flat[0])
+    if p.size == 1:  # one element (an irregular tile's boxes can be single elements): nothing to fit
+        return base, tuple(0 for _ in p.shape)
     strides = []
     pred = np.full(p.shape, base, dtype=np.int64)
     for k, n in enumerate(p.shape):
@@ -567,6 +569,8 @@ def choose_splits(arrays: list[np.ndarray], factors: list[int] | None = None) ->
     shape = arrays[0].shape
     splits: dict[int, list[int]] = {}
     for d in reversed(range(len(shape))):
+        if shape[d] <= 1:
+            continue  # nothing to split (every array moves by no step along it)
         fs: list[int] = []
         while True:
             cur_shape, axes = refine_shape(shape, {**splits, d: fs})
@@ -616,8 +620,8 @@ def split_point(p: np.ndarray) -> tuple[int, int] | None:
 
 def uniform_split(m: np.ndarray) -> tuple[int, int] | None:
     """Where a (mask) array first changes value: (axis, index), or None if it is uniform."""
-    if m.size == 0 or np.all(m == m.flat[0]):
-        return None
+    if m.size <= 1 or np.all(m == m.flat[0]):
+        return None  # (one element is uniform, even a NaN)
     for axis in range(m.ndim):
         if m.shape[axis] <= 1:
             continue

@@ -85,6 +85,18 @@ class SpTensor:
         else:
             object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
 
+    @classmethod
+    def exact(cls, offset: int, dtype: str, shape: tuple[int, ...], strides: tuple[int, ...]) -> "SpTensor":
+        """The view of ``shape`` and ``strides`` given as they are: both already tuples of Python ints,
+        so the normalisation of ``__post_init__`` is skipped (a generator that places millions of views
+        built them that way; ``SpTensor(...)`` is the checked constructor)."""
+        t = object.__new__(cls)
+        object.__setattr__(t, "offset", offset)
+        object.__setattr__(t, "dtype", dtype)
+        object.__setattr__(t, "shape", shape)
+        object.__setattr__(t, "strides", strides)
+        return t
+
     @property
     def itemsize(self) -> int:
         return SP_DTYPES[self.dtype]

@@ -41,10 +41,20 @@ class Box:
     splits: dict[int, list[int]]  # mixed-radix factors per dim (innermost first)
     views: dict[int, tuple[int, tuple[int, ...]]]  # access gid -> (base position, strides) in refined dims
     statics: dict[int, Any]  # static value gid -> its (uniform) value in this box
+    # Views emission derived from this box (``sym.py``), keyed by what they depend on besides the box.
+    # Emission asks for the same few views of every box once per value: derived once, they cost a
+    # lookup after that (boxes are never modified once partitioned).
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def refined(self) -> tuple[tuple[int, ...], list[list[int]]]:
-        return access.refine_shape(self.shape, self.splits)
+        """The box's shape split in mixed radix (``access.refine_shape``): Python ints, as ``Sym.place``
+        needs them."""
+        found = self.memo.get("refined")
+        if found is None:
+            shape, axes = access.refine_shape(self.shape, self.splits)
+            found = self.memo["refined"] = (tuple(int(n) for n in shape), axes)
+        return found
 
 
 @dataclass
@@ -372,7 +382,7 @@ class KernelGen:
             if a.valid is not None and a.valid[sl].any() and not a.valid[sl].all():
                 return None
         splits = access.choose_splits(list(arrays.values()))
-        refined, _ = access.refine_shape(shp, splits)
+        refined, axes = access.refine_shape(shp, splits)
         views = {}
         for g, arr in arrays.items():
             fit = access.affine_strides(arr.reshape(refined))
@@ -380,7 +390,9 @@ class KernelGen:
                 return None
             views[g] = fit
         st = {g: np.asarray(m)[sl].flat[0].item() for g, m in statics.items()}
-        return Box(org, shp, splits, views, st)
+        box = Box(org, shp, splits, views, st)
+        box.memo["refined"] = (tuple(int(n) for n in refined), axes)  # what Box.refined would compute
+        return box
 
     def _affine_cut(self, sl, accs, statics) -> tuple[int, int]:
         for a in accs:

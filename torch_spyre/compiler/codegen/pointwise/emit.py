@@ -70,7 +70,7 @@ class Emitter:
     def _emit_step(self, s: Step, out: list[SymInstr]) -> None:
         ch = s.chunk
         bxs = ch.full_boxes if s.kind == "full" else ch.outer_boxes
-        self._views: dict[tuple[int, int], Any] = {}
+        self._views: dict[tuple[int, int], Sym | Scalar] = {}  # (gid, id(box)) -> view, this step's
         stores = [g for g in s.values if self.dag.values[g].op == "store"
                   and self.dag.values[g].attrs["buffer"] not in self.spec.internal]
         for g in stores:
@@ -131,7 +131,18 @@ class Emitter:
             return False
         return True
 
+    # ``_cast_alias`` and ``_sp_dtype_of`` are pure functions of the DAG and the aliases, which are fixed
+    # once ``generate`` has found them: asked per view of every box, they are answered once per value
+    # (``_value_memo``, reset by ``generate``).
     def _cast_alias(self, v: Value) -> bool:
+        key = ("cast_alias", v.gid)
+        memo = self.__dict__.setdefault("_value_memo", {})
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = self._find_cast_alias(v)
+        return found
+
+    def _find_cast_alias(self, v: Value) -> bool:
         src = self.dag.values[v.args[0]]
         if src.extent in ("scalar", "static"):
             return True
@@ -139,6 +150,14 @@ class Emitter:
         return s_dt == v.sp_dtype or (s_dt == "dlfloat16" and v.sp_dtype == "float32")
 
     def _sp_dtype_of(self, v: Value) -> str:
+        key = ("sp_dtype", v.gid)
+        memo = self.__dict__.setdefault("_value_memo", {})
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = self._find_sp_dtype(v)
+        return found
+
+    def _find_sp_dtype(self, v: Value) -> str:
         if v.op == "load":
             if v.gid in self.aliases:
                 return self._sp_dtype_of(self.dag.values[self.aliases[v.gid]])
@@ -153,6 +172,15 @@ class Emitter:
 
     # --- views of values inside a box ------------------------------------------------------------------
     def view(self, gid: int, s: Step, box: Box) -> Sym | Scalar:
+        """The view of value ``gid`` in ``box`` of step ``s``. A step asks for each value's view once per
+        consumer: it is derived once per step and box (``_emit_step`` resets ``_views``)."""
+        key = (gid, id(box))
+        found = self._views.get(key)
+        if found is None:
+            found = self._views[key] = self._view(gid, s, box)
+        return found
+
+    def _view(self, gid: int, s: Step, box: Box) -> Sym | Scalar:
         v = self.dag.values[gid]
         ch = s.chunk
         full = s.kind == "full"
@@ -202,7 +230,13 @@ class Emitter:
 
 
     def _guarded_off(self, v: Value, box: Box) -> bool:
-        return any(not box.statics.get(g, True) for g in v.guards)
+        if not v.guards:
+            return False
+        key = ("off", v.gid)  # a pure function of the value's guards and the box's statics
+        found = box.memo.get(key)
+        if found is None:
+            found = box.memo[key] = any(not box.statics.get(g, True) for g in v.guards)
+        return found
 
     def _emit_value_box(self, v: Value, s: Step, box: Box, bi: int, out: list[SymInstr]) -> None:
         if self._guarded_off(v, box):
@@ -231,11 +265,14 @@ class Emitter:
             self._dma_sticks(out, DmaLoad, a, f"st{g}")
 
     def _staging_view(self, store_gid: int, s: Step, box: Box) -> Sym:
-        a = s.chunk.accesses[store_gid]
-        place = self.places[a.buffer]
-        base, strides = box.views[store_gid]
-        shape, _ = box.refined
-        return Sym(f"st{store_gid}", base * place.itemsize, place.layout.device_dtype, shape, strides)
+        key = ("staging", store_gid)  # the store's buffer is the same in every step: a function of the box
+        found = box.memo.get(key)
+        if found is None:
+            place = self.places[s.chunk.accesses[store_gid].buffer]
+            base, strides = box.views[store_gid]
+            shape, _ = box.refined
+            found = box.memo[key] = Sym(f"st{store_gid}", base * place.itemsize, place.layout.device_dtype, shape, strides)
+        return found
 
     def _emit_store_box(self, v: Value, s: Step, box: Box, bi: int, out: list[SymInstr]) -> None:
         dst = self._staging_view(v.gid, s, box)

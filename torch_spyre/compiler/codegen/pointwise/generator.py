@@ -45,6 +45,7 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
             raise LoweringError(f"kernel {spec.name} has an empty iteration space; the wrapper skips it")
         self.aliases = self._find_aliases()
         self.dag.set_aliases(self.aliases)
+        self._value_memo: dict[tuple[str, int], Any] = {}  # emit.py's per-value answers, for these aliases
         self.direct, self.elided = self._direct_stores()
         cboxes = self._divide()
         tried = []
@@ -396,19 +397,28 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
     def _place(self, cores: dict[int, list[SymInstr]]):
         """Scratchpad offsets for every symbolic buffer: one liveness plan shared by all cores."""
         size: dict[str, int] = {}
-        live: dict[str, list[int]] = {}
+        first: dict[str, int] = {}  # the earliest and latest tile step each buffer is used at
+        last: dict[str, int] = {}
         for ins in cores.values():
             for si in ins:
+                step = si.tile_step
                 for sym in si.syms():
                     # a mask pattern (uint8) is as long as the pattern; uint8 data (a byte tensor) as its sticks
                     pattern = si.args.get("pattern") if sym.dtype == "uint8" else None
                     end = sym.rel + pattern.nbytes if pattern is not None else sym.end()
-                    size[sym.buf] = max(size.get(sym.buf, 0), end)
-                    lo, hi = live.get(sym.buf, [si.tile_step, si.tile_step])
-                    live[sym.buf] = [min(lo, si.tile_step), max(hi, si.tile_step)]
+                    buf = sym.buf
+                    if buf in size:
+                        if end > size[buf]:
+                            size[buf] = end
+                        if step < first[buf]:
+                            first[buf] = step
+                        elif step > last[buf]:
+                            last[buf] = step
+                    else:
+                        size[buf], first[buf], last[buf] = max(0, end), step, step
         bufs = []
         for name, n in sorted(size.items()):
-            lo, hi = live[name]
+            lo, hi = first[name], last[name]
             if name.startswith(("ld", "st")) or name == "iota" or (
                     name.startswith("v") and self.dag.values[int(name[1:])].op == "reduction"):
                 lo, hi = -1, 1 << 30  # loads are double-buffered across tiles; accumulators span the tile
