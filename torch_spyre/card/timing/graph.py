@@ -23,59 +23,103 @@ from ...program import (
 from .coster import Coster, Node
 
 
+class _Bucket:
+    """Records of one kind (reads or writes) whose lengths share a power-of-two class, sorted by start."""
+
+    __slots__ = ("starts", "records", "longest", "shortest")
+
+    def __init__(self, length_class: int) -> None:
+        self.starts: list[int] = []
+        self.records: list[tuple[int, int, int, Any]] = []  # lo, hi, node id, lane
+        self.longest = 0  # the longest record ever put here: at most twice the shortest possible
+        self.shortest = 1 << (length_class - 1)
+
+
 class Hazards:
     """Access records of one address space (a core's scratchpad, or one device-memory operand); finds the
     RAW/WAR/WAW predecessors of a new instruction.
 
-    Records are kept sorted by start with the longest length seen, so a query only scans records that can
-    overlap. Records that can no longer matter are dropped: one fully covered by a later write (that write
-    already depends on it, so whatever depends on the write is ordered after it too), and a read covered
-    by a later read on the same in-order engine (which finishes after it)."""
+    Records are kept sorted by start in buckets, one per kind (read or write) and power-of-two length
+    class. A record of a bucket can overlap [lo, hi) only if it starts in (lo - the bucket's longest, hi),
+    and the bucket's longest is under twice its shortest, so a query scans the overlapping records plus
+    at most about two lengths' worth of neighbours per bucket: a single long record (a wide strided span)
+    no longer widens every other query's window. A read only scans the writes. Records that can no longer
+    matter are dropped: one fully covered by a later write (that write already depends on it, so whatever
+    depends on the write is ordered after it too), and a read covered by a later read on the same in-order
+    engine (which finishes after it). ``examined`` counts the records the scans looked at."""
 
     def __init__(self) -> None:
-        self.starts: list[int] = []
-        self.records: list[tuple[int, int, int, bool, Any]] = []  # lo, hi, node id, is_write, lane
-        self.longest = 0
+        self.reads: dict[int, _Bucket] = {}  # length class (bit length of hi - lo) -> bucket
+        self.writes: dict[int, _Bucket] = {}
+        self.examined = 0
 
     def add(self, node_id: int, lane: Any, reads: list[tuple[int, int]], writes: list[tuple[int, int]]) -> set[int]:
         preds: set[int] = set()
-        starts, records = self.starts, self.records
-        if records:
-            longest = self.longest
-            # Only records starting in (lo - longest, hi) can overlap [lo, hi).
+        if self.reads or self.writes:
             for lo, hi in reads:  # RAW: earlier writes
-                for i in range(bisect.bisect_right(starts, lo - longest), bisect.bisect_left(starts, hi)):
-                    rlo, rhi, other, is_write, _ = records[i]
-                    if is_write and rlo < hi and lo < rhi:
-                        preds.add(other)
+                self._overlapping(self.writes, lo, hi, preds)
             for lo, hi in writes:  # WAW and WAR: any earlier access
-                for i in range(bisect.bisect_right(starts, lo - longest), bisect.bisect_left(starts, hi)):
-                    rlo, rhi, other, _, _ = records[i]
-                    if rlo < hi and lo < rhi:
-                        preds.add(other)
+                self._overlapping(self.writes, lo, hi, preds)
+                self._overlapping(self.reads, lo, hi, preds)
             self._drop_superseded(lane, reads, writes)
-        for accesses, is_write in ((reads, False), (writes, True)):
+        for accesses, table in ((reads, self.reads), (writes, self.writes)):
             for lo, hi in accesses:
                 if hi > lo:
-                    i = bisect.bisect_right(starts, lo)
-                    starts.insert(i, lo)
-                    records.insert(i, (lo, hi, node_id, is_write, lane))
-                    if hi - lo > self.longest:
-                        self.longest = hi - lo
+                    length_class = (hi - lo).bit_length()
+                    bucket = table.get(length_class)
+                    if bucket is None:
+                        bucket = table[length_class] = _Bucket(length_class)
+                    i = bisect.bisect_right(bucket.starts, lo)
+                    bucket.starts.insert(i, lo)
+                    bucket.records.insert(i, (lo, hi, node_id, lane))
+                    if hi - lo > bucket.longest:
+                        bucket.longest = hi - lo
         preds.discard(node_id)
         return preds
 
+    def _overlapping(self, table: dict[int, _Bucket], lo: int, hi: int, preds: set[int]) -> None:
+        """Add the nodes of the records of ``table`` that overlap [lo, hi) to ``preds``."""
+        for bucket in table.values():
+            starts = bucket.starts
+            i = bisect.bisect_right(starts, lo - bucket.longest)
+            j = bisect.bisect_left(starts, hi)
+            if i < j:
+                self.examined += j - i
+                for rlo, rhi, other, _ in bucket.records[i:j]:
+                    if rlo < hi and lo < rhi:
+                        preds.add(other)
+
     def _drop_superseded(self, lane: Any, reads: list[tuple[int, int]], writes: list[tuple[int, int]]) -> None:
-        starts, records = self.starts, self.records
-        doomed: set[int] = set()
-        for (lo, hi), by_write in [(w, True) for w in writes] + [(r, False) for r in reads if lane is not None]:
-            for i in range(bisect.bisect_left(starts, lo), bisect.bisect_left(starts, hi)):
-                rlo, rhi, _, is_write, rec_lane = records[i]
-                if rhi <= hi and (by_write or (not is_write and rec_lane == lane)):
-                    doomed.add(i)
-        for i in sorted(doomed, reverse=True):
-            del starts[i]
-            del records[i]
+        by_writes = [(lo, hi, True) for lo, hi in writes]
+        by_reads = [(lo, hi, False) for lo, hi in reads] if lane is not None else []
+        for table, covering in ((self.reads, by_writes + by_reads), (self.writes, by_writes)):
+            for bucket in table.values():
+                starts, records = bucket.starts, bucket.records
+                doomed: set[int] = set()
+                for lo, hi, by_write in covering:
+                    # A covered record starts in [lo, hi - its length], and its length is at least the shortest.
+                    i = bisect.bisect_left(starts, lo)
+                    j = bisect.bisect_right(starts, hi - bucket.shortest)
+                    if i < j:
+                        self.examined += j - i
+                        for n in range(i, j):
+                            _, rhi, _, rec_lane = records[n]
+                            if rhi <= hi and (by_write or rec_lane == lane):
+                                doomed.add(n)
+                if doomed:
+                    _delete(starts, records, sorted(doomed))
+
+
+def _delete(starts: list[int], records: list, indices: list[int]) -> None:
+    """Delete the given sorted indices from both lists, a run of consecutive ones at a time."""
+    end = len(indices)
+    while end:
+        first = end - 1
+        while first and indices[first - 1] == indices[first] - 1:
+            first -= 1
+        del starts[indices[first]:indices[end - 1] + 1]
+        del records[indices[first]:indices[end - 1] + 1]
+        end = first
 
 
 def _lane_of(ins: Instruction) -> Any:
