@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from typing import Any
+from typing import Any, Iterable
 
 from ...program import (
     Barrier,
@@ -41,12 +41,12 @@ class Hazards:
 
     Records are kept sorted by start in buckets, one per kind (read or write) and power-of-two length
     class. A record of a bucket can overlap [lo, hi) only if it starts in (lo - the bucket's longest, hi),
-    and the bucket's longest is under twice its shortest, so a query scans the overlapping records plus
-    at most about two lengths' worth of neighbours per bucket: a single long record (a wide strided span)
-    no longer widens every other query's window. A read only scans the writes. Records that can no longer
-    matter are dropped: one fully covered by a later write (that write already depends on it, so whatever
-    depends on the write is ordered after it too), and a read covered by a later read on the same in-order
-    engine (which finishes after it). ``examined`` counts the records the scans looked at."""
+    and the bucket's longest is under twice its shortest, so the records a query scans either overlap it
+    or end less than their own length before lo: one long record (a wide strided span) no longer widens
+    the window of every other query (it did with a single list). A read scans only the writes. Records
+    that can no longer matter are dropped: one fully covered by a later write (that write already depends
+    on it, so whatever depends on the write is ordered after it too), and a read covered by a later read on
+    the same in-order engine (which finishes after it). ``examined`` counts the records the scans looked at."""
 
     def __init__(self) -> None:
         self.reads: dict[int, _Bucket] = {}  # length class (bit length of hi - lo) -> bucket
@@ -55,13 +55,19 @@ class Hazards:
 
     def add(self, node_id: int, lane: Any, reads: list[tuple[int, int]], writes: list[tuple[int, int]]) -> set[int]:
         preds: set[int] = set()
+        read_buckets, write_buckets = self.reads.values(), self.writes.values()
         if self.reads or self.writes:
             for lo, hi in reads:  # RAW: earlier writes
-                self._overlapping(self.writes, lo, hi, preds)
+                self._overlapping(write_buckets, lo, hi, preds)
             for lo, hi in writes:  # WAW and WAR: any earlier access
-                self._overlapping(self.writes, lo, hi, preds)
-                self._overlapping(self.reads, lo, hi, preds)
-            self._drop_superseded(lane, reads, writes)
+                self._overlapping(write_buckets, lo, hi, preds)
+                self._overlapping(read_buckets, lo, hi, preds)
+            for lo, hi in writes:  # what a write covers is superseded
+                self._drop_covered(read_buckets, lo, hi, None)
+                self._drop_covered(write_buckets, lo, hi, None)
+            if lane is not None:  # and a read covered by a read on the same in-order engine
+                for lo, hi in reads:
+                    self._drop_covered(read_buckets, lo, hi, lane)
         for accesses, table in ((reads, self.reads), (writes, self.writes)):
             for lo, hi in accesses:
                 if hi > lo:
@@ -77,9 +83,9 @@ class Hazards:
         preds.discard(node_id)
         return preds
 
-    def _overlapping(self, table: dict[int, _Bucket], lo: int, hi: int, preds: set[int]) -> None:
-        """Add the nodes of the records of ``table`` that overlap [lo, hi) to ``preds``."""
-        for bucket in table.values():
+    def _overlapping(self, buckets: Iterable[_Bucket], lo: int, hi: int, preds: set[int]) -> None:
+        """Add the nodes of the records in ``buckets`` that overlap [lo, hi) to ``preds``."""
+        for bucket in buckets:
             starts = bucket.starts
             i = bisect.bisect_right(starts, lo - bucket.longest)
             j = bisect.bisect_left(starts, hi)
@@ -89,25 +95,19 @@ class Hazards:
                     if rlo < hi and lo < rhi:
                         preds.add(other)
 
-    def _drop_superseded(self, lane: Any, reads: list[tuple[int, int]], writes: list[tuple[int, int]]) -> None:
-        by_writes = [(lo, hi, True) for lo, hi in writes]
-        by_reads = [(lo, hi, False) for lo, hi in reads] if lane is not None else []
-        for table, covering in ((self.reads, by_writes + by_reads), (self.writes, by_writes)):
-            for bucket in table.values():
-                starts, records = bucket.starts, bucket.records
-                doomed: set[int] = set()
-                for lo, hi, by_write in covering:
-                    # A covered record starts in [lo, hi - its length], and its length is at least the shortest.
-                    i = bisect.bisect_left(starts, lo)
-                    j = bisect.bisect_right(starts, hi - bucket.shortest)
-                    if i < j:
-                        self.examined += j - i
-                        for n in range(i, j):
-                            _, rhi, _, rec_lane = records[n]
-                            if rhi <= hi and (by_write or rec_lane == lane):
-                                doomed.add(n)
+    def _drop_covered(self, buckets: Iterable[_Bucket], lo: int, hi: int, lane: Any) -> None:
+        """Drop the records in ``buckets`` inside [lo, hi) (with ``lane`` not None: only that lane's)."""
+        for bucket in buckets:
+            starts = bucket.starts
+            # A covered record starts in [lo, hi - its length], and its length is at least the shortest.
+            i = bisect.bisect_left(starts, lo)
+            j = bisect.bisect_right(starts, hi - bucket.shortest)
+            if i < j:
+                self.examined += j - i
+                records = bucket.records
+                doomed = [n for n in range(i, j) if records[n][1] <= hi and (lane is None or records[n][3] == lane)]
                 if doomed:
-                    _delete(starts, records, sorted(doomed))
+                    _delete(starts, records, doomed)
 
 
 def _delete(starts: list[int], records: list, indices: list[int]) -> None:
@@ -136,7 +136,9 @@ def _dram_hazards(tables: dict[str, "Hazards"], nid: int, lane: Any, accesses: l
     """Same-core ordering of DMA on overlapping bytes of one operand (symbolic: operand and offset only)."""
     preds: set[int] = set()
     for operand, lo, hi, is_write in accesses:
-        table = tables.setdefault(operand, Hazards())
+        table = tables.get(operand)
+        if table is None:
+            table = tables[operand] = Hazards()
         rng = [(lo, hi)]
         preds |= table.add(nid, lane, [] if is_write else rng, rng if is_write else [])
     return preds
