@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import Any
 
 from ...program import (
     Barrier,
@@ -46,7 +46,8 @@ class Hazards:
     the window of every other query (it did with a single list). A read scans only the writes. Records
     that can no longer matter are dropped: one fully covered by a later write (that write already depends
     on it, so whatever depends on the write is ordered after it too), and a read covered by a later read on
-    the same in-order engine (which finishes after it). ``examined`` counts the records the scans looked at."""
+    the same in-order engine (which finishes after it). A write's scan drops what it covers as it goes.
+    ``examined`` counts the records the scans looked at."""
 
     def __init__(self) -> None:
         self.reads: dict[int, _Bucket] = {}  # length class (bit length of hi - lo) -> bucket
@@ -55,19 +56,15 @@ class Hazards:
 
     def add(self, node_id: int, lane: Any, reads: list[tuple[int, int]], writes: list[tuple[int, int]]) -> set[int]:
         preds: set[int] = set()
-        read_buckets, write_buckets = self.reads.values(), self.writes.values()
         if self.reads or self.writes:
             for lo, hi in reads:  # RAW: earlier writes
-                self._overlapping(write_buckets, lo, hi, preds)
-            for lo, hi in writes:  # WAW and WAR: any earlier access
-                self._overlapping(write_buckets, lo, hi, preds)
-                self._overlapping(read_buckets, lo, hi, preds)
-            for lo, hi in writes:  # what a write covers is superseded
-                self._drop_covered(read_buckets, lo, hi, None)
-                self._drop_covered(write_buckets, lo, hi, None)
-            if lane is not None:  # and a read covered by a read on the same in-order engine
+                self._scan(self.writes, lo, hi, preds, False)
+            for lo, hi in writes:  # WAW and WAR: any earlier access; what the write covers is superseded
+                self._scan(self.writes, lo, hi, preds, True)
+                self._scan(self.reads, lo, hi, preds, True)
+            if lane is not None:  # and so is a read covered by a read on the same in-order engine
                 for lo, hi in reads:
-                    self._drop_covered(read_buckets, lo, hi, lane)
+                    self._drop_read(lane, lo, hi)
         for accesses, table in ((reads, self.reads), (writes, self.writes)):
             for lo, hi in accesses:
                 if hi > lo:
@@ -83,21 +80,27 @@ class Hazards:
         preds.discard(node_id)
         return preds
 
-    def _overlapping(self, buckets: Iterable[_Bucket], lo: int, hi: int, preds: set[int]) -> None:
-        """Add the nodes of the records in ``buckets`` that overlap [lo, hi) to ``preds``."""
-        for bucket in buckets:
+    def _scan(self, table: dict[int, _Bucket], lo: int, hi: int, preds: set[int], drop: bool) -> None:
+        """Add the nodes of ``table``'s records that overlap [lo, hi) to ``preds``; with ``drop``, delete
+        those inside [lo, hi) (their nodes are predecessors already, so later scans need not find them)."""
+        for bucket in table.values():
             starts = bucket.starts
             i = bisect.bisect_right(starts, lo - bucket.longest)
-            j = bisect.bisect_left(starts, hi)
+            j = bisect.bisect_left(starts, hi)  # so every record scanned starts before hi
             if i < j:
                 self.examined += j - i
-                for rlo, rhi, other, _ in bucket.records[i:j]:
-                    if rlo < hi and lo < rhi:
+                doomed = []
+                for n, (rlo, rhi, other, _) in enumerate(bucket.records[i:j], i):
+                    if lo < rhi:
                         preds.add(other)
+                        if drop and rhi <= hi and lo <= rlo:
+                            doomed.append(n)
+                if doomed:
+                    _delete(starts, bucket.records, doomed)
 
-    def _drop_covered(self, buckets: Iterable[_Bucket], lo: int, hi: int, lane: Any) -> None:
-        """Drop the records in ``buckets`` inside [lo, hi) (with ``lane`` not None: only that lane's)."""
-        for bucket in buckets:
+    def _drop_read(self, lane: Any, lo: int, hi: int) -> None:
+        """Delete the read records of ``lane`` inside [lo, hi)."""
+        for bucket in self.reads.values():
             starts = bucket.starts
             # A covered record starts in [lo, hi - its length], and its length is at least the shortest.
             i = bisect.bisect_left(starts, lo)
@@ -105,7 +108,7 @@ class Hazards:
             if i < j:
                 self.examined += j - i
                 records = bucket.records
-                doomed = [n for n in range(i, j) if records[n][1] <= hi and (lane is None or records[n][3] == lane)]
+                doomed = [n for n in range(i, j) if records[n][1] <= hi and records[n][3] == lane]
                 if doomed:
                     _delete(starts, records, doomed)
 
