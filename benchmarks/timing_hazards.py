@@ -4,6 +4,7 @@ structure, in one run, with the predecessors of both compared.
     python benchmarks/timing_hazards.py                    # synthetic rows and the benchmark programs
     python benchmarks/timing_hazards.py --sizes 2500,5000  # synthetic sizes for both structures
     python benchmarks/timing_hazards.py --programs DIR     # also every pickled Program in DIR (*.pkl)
+    python benchmarks/timing_hazards.py --prefixes FILE    # one pickled Program's busiest core, by prefix
 
 The previous structure kept every record in one list sorted by start and scanned the starts in
 (lo - the longest record ever seen, hi), so one long record (a wide strided span) made every later query
@@ -11,7 +12,10 @@ scan nearly every record. The synthetic rows are that case: one long write, then
 reads of the next 128 bytes on two engines (2n accesses). ``--new-only`` sizes run only the new structure
 (the previous one is quadratic there). For programs the whole dependency graph is built with each
 structure (``Graph`` plus ``rescan_received_bytes``, which is the hazard-dependent part of timing) and every
-node's predecessors must be equal. Host times are wall clock on a shared machine: compare within a run.
+node's predecessors must be equal. ``--prefixes`` replays the hazard calls of a program's busiest core
+(scratchpad and device-memory tables, as ``Graph`` makes them) on doubling prefixes, for programs too big
+to build twice; the previous structure stops after ``--budget`` seconds. Host times are wall clock on a
+shared machine: compare within a run.
 """
 
 from __future__ import annotations
@@ -136,6 +140,59 @@ def replay(cls: type, logs: list[list[tuple]]) -> float:
     return time.perf_counter() - start
 
 
+def core_calls(program: Program, cfg: CardConfig) -> list[tuple]:
+    """The hazard calls ``Graph`` makes for ``program``'s busiest core: (table, node, lane, reads, writes)."""
+    from torch_spyre.card.timing.coster import Node
+    core = max(program.cores, key=lambda c: len(program.cores[c]))
+    coster, calls = Coster(cfg), []
+    for index, ins in enumerate(program.cores[core]):
+        node = Node(core, index, ins, ins.ENGINE, graph_module._lane_of(ins))
+        coster.cost(node)
+        calls.append(("scratchpad", index, node.lane, list(node.reads), list(node.writes)))
+        for operand, lo, hi, is_write in node.dram:
+            rng = [(lo, hi)]
+            calls.append((operand, index, node.lane, [] if is_write else rng, rng if is_write else []))
+    return calls
+
+
+def replay_prefix(cls: type, calls: list[tuple], budget_s: float) -> tuple[list[set[int]] | None, float]:
+    """Make ``calls`` on fresh tables of ``cls``: every pred set and the host s (None once over budget)."""
+    tables: dict[str, Any] = {}
+    out = []
+    start = time.perf_counter()
+    for k, (key, nid, lane, reads, writes) in enumerate(calls):
+        table = tables.get(key)
+        if table is None:
+            table = tables[key] = cls()
+        out.append(table.add(nid, lane, reads, writes))
+        if k % 1000 == 0 and time.perf_counter() - start > budget_s:
+            return None, time.perf_counter() - start
+    return out, time.perf_counter() - start
+
+
+def prefixes(path: Path, budget_s: float) -> None:
+    start = time.perf_counter()
+    program = pickle.loads(path.read_bytes())
+    calls = core_calls(program, CardConfig())
+    print(f"{program.name}: {sum(len(v) for v in program.cores.values()):,} instructions on "
+          f"{len(program.cores)} cores, {len(calls):,} hazard calls for its busiest core "
+          f"(loaded in {time.perf_counter() - start:.0f} s)")
+    print()
+    print("| calls | previous host s | buckets host s | previous / buckets |")
+    print("|---:|---:|---:|---:|")
+    sizes = [n for n in (5000 * 2 ** k for k in range(40)) if n < len(calls)] + [len(calls)]
+    for n in sizes:
+        new, new_s = replay_prefix(graph_module.Hazards, calls[:n], float("inf"))
+        old, old_s = replay_prefix(LongestWindowHazards, calls[:n], budget_s)
+        if old is None:
+            print(f"| {n:,} | stopped after {old_s:.0f} s | {new_s:.3f} | |")
+            continue
+        if old != new:
+            raise SystemExit(f"{path}: the predecessors of the first {n} calls differ")
+        print(f"| {n:,} | {old_s:.3f} | {new_s:.3f} | {old_s / new_s:.1f} |")
+    print()
+
+
 def best_of(repeat: int, *runs: Any) -> list[float]:
     """The least host s of each run over ``repeat`` rounds (the runs alternate within a round)."""
     best = [float("inf")] * len(runs)
@@ -170,7 +227,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--programs", type=Path, help="a directory of pickled Programs to compare as well")
     ap.add_argument("--no-benchmark-programs", action="store_true", help="skip benchmarks/programs.py's")
     ap.add_argument("--repeat", type=int, default=3, help="rounds per program (the least host time is kept)")
+    ap.add_argument("--prefixes", type=Path, help="a pickled Program: its busiest core's calls by prefix, only")
+    ap.add_argument("--budget", type=float, default=120.0, help="--prefixes: seconds for the previous structure")
     args = ap.parse_args(argv)
+    if args.prefixes is not None:
+        prefixes(args.prefixes, args.budget)
+        return
 
     print("synthetic: one long write, then n short writes and reads (2n + 1 accesses); preds compared")
     print()
