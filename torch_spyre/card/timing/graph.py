@@ -23,59 +23,106 @@ from ...program import (
 from .coster import Coster, Node
 
 
+class _Bucket:
+    """Records of one kind (reads or writes) whose lengths share a power-of-two class, sorted by start."""
+
+    __slots__ = ("starts", "records", "longest", "shortest")
+
+    def __init__(self, length_class: int) -> None:
+        self.starts: list[int] = []
+        self.records: list[tuple[int, int, int, Any]] = []  # lo, hi, node id, lane
+        self.longest = 0  # the longest record ever put here: at most twice the shortest possible
+        self.shortest = 1 << (length_class - 1)
+
+
 class Hazards:
     """Access records of one address space (a core's scratchpad, or one device-memory operand); finds the
     RAW/WAR/WAW predecessors of a new instruction.
 
-    Records are kept sorted by start with the longest length seen, so a query only scans records that can
-    overlap. Records that can no longer matter are dropped: one fully covered by a later write (that write
-    already depends on it, so whatever depends on the write is ordered after it too), and a read covered
-    by a later read on the same in-order engine (which finishes after it)."""
+    Records are kept sorted by start in buckets, one per kind (read or write) and power-of-two length
+    class. A record of a bucket can overlap [lo, hi) only if it starts in (lo - the bucket's longest, hi),
+    and the bucket's longest is under twice its shortest, so the records a query scans either overlap it
+    or end less than their own length before lo: one long record (a wide strided span) no longer widens
+    the window of every other query (it did with a single list). A read scans only the writes. Records
+    that can no longer matter are dropped: one fully covered by a later write (that write already depends
+    on it, so whatever depends on the write is ordered after it too), and a read covered by a later read on
+    the same in-order engine (which finishes after it). A write's scan drops what it covers as it goes.
+    ``examined`` counts the records the scans looked at."""
 
     def __init__(self) -> None:
-        self.starts: list[int] = []
-        self.records: list[tuple[int, int, int, bool, Any]] = []  # lo, hi, node id, is_write, lane
-        self.longest = 0
+        self.reads: dict[int, _Bucket] = {}  # length class (bit length of hi - lo) -> bucket
+        self.writes: dict[int, _Bucket] = {}
+        self.examined = 0
 
     def add(self, node_id: int, lane: Any, reads: list[tuple[int, int]], writes: list[tuple[int, int]]) -> set[int]:
         preds: set[int] = set()
-        starts, records = self.starts, self.records
-        if records:
-            longest = self.longest
-            # Only records starting in (lo - longest, hi) can overlap [lo, hi).
+        if self.reads or self.writes:
             for lo, hi in reads:  # RAW: earlier writes
-                for i in range(bisect.bisect_right(starts, lo - longest), bisect.bisect_left(starts, hi)):
-                    rlo, rhi, other, is_write, _ = records[i]
-                    if is_write and rlo < hi and lo < rhi:
-                        preds.add(other)
-            for lo, hi in writes:  # WAW and WAR: any earlier access
-                for i in range(bisect.bisect_right(starts, lo - longest), bisect.bisect_left(starts, hi)):
-                    rlo, rhi, other, _, _ = records[i]
-                    if rlo < hi and lo < rhi:
-                        preds.add(other)
-            self._drop_superseded(lane, reads, writes)
-        for accesses, is_write in ((reads, False), (writes, True)):
+                self._scan(self.writes, lo, hi, preds, False)
+            for lo, hi in writes:  # WAW and WAR: any earlier access; what the write covers is superseded
+                self._scan(self.writes, lo, hi, preds, True)
+                self._scan(self.reads, lo, hi, preds, True)
+            if lane is not None:  # and so is a read covered by a read on the same in-order engine
+                for lo, hi in reads:
+                    self._drop_read(lane, lo, hi)
+        for accesses, table in ((reads, self.reads), (writes, self.writes)):
             for lo, hi in accesses:
                 if hi > lo:
-                    i = bisect.bisect_right(starts, lo)
-                    starts.insert(i, lo)
-                    records.insert(i, (lo, hi, node_id, is_write, lane))
-                    if hi - lo > self.longest:
-                        self.longest = hi - lo
+                    length_class = (hi - lo).bit_length()
+                    bucket = table.get(length_class)
+                    if bucket is None:
+                        bucket = table[length_class] = _Bucket(length_class)
+                    i = bisect.bisect_right(bucket.starts, lo)
+                    bucket.starts.insert(i, lo)
+                    bucket.records.insert(i, (lo, hi, node_id, lane))
+                    if hi - lo > bucket.longest:
+                        bucket.longest = hi - lo
         preds.discard(node_id)
         return preds
 
-    def _drop_superseded(self, lane: Any, reads: list[tuple[int, int]], writes: list[tuple[int, int]]) -> None:
-        starts, records = self.starts, self.records
-        doomed: set[int] = set()
-        for (lo, hi), by_write in [(w, True) for w in writes] + [(r, False) for r in reads if lane is not None]:
-            for i in range(bisect.bisect_left(starts, lo), bisect.bisect_left(starts, hi)):
-                rlo, rhi, _, is_write, rec_lane = records[i]
-                if rhi <= hi and (by_write or (not is_write and rec_lane == lane)):
-                    doomed.add(i)
-        for i in sorted(doomed, reverse=True):
-            del starts[i]
-            del records[i]
+    def _scan(self, table: dict[int, _Bucket], lo: int, hi: int, preds: set[int], drop: bool) -> None:
+        """Add the nodes of ``table``'s records that overlap [lo, hi) to ``preds``; with ``drop``, delete
+        those inside [lo, hi) (their nodes are predecessors already, so later scans need not find them)."""
+        for bucket in table.values():
+            starts = bucket.starts
+            i = bisect.bisect_right(starts, lo - bucket.longest)
+            j = bisect.bisect_left(starts, hi)  # so every record scanned starts before hi
+            if i < j:
+                self.examined += j - i
+                doomed = []
+                for n, (rlo, rhi, other, _) in enumerate(bucket.records[i:j], i):
+                    if lo < rhi:
+                        preds.add(other)
+                        if drop and rhi <= hi and lo <= rlo:
+                            doomed.append(n)
+                if doomed:
+                    _delete(starts, bucket.records, doomed)
+
+    def _drop_read(self, lane: Any, lo: int, hi: int) -> None:
+        """Delete the read records of ``lane`` inside [lo, hi)."""
+        for bucket in self.reads.values():
+            starts = bucket.starts
+            # A covered record starts in [lo, hi - its length], and its length is at least the shortest.
+            i = bisect.bisect_left(starts, lo)
+            j = bisect.bisect_right(starts, hi - bucket.shortest)
+            if i < j:
+                self.examined += j - i
+                records = bucket.records
+                doomed = [n for n in range(i, j) if records[n][1] <= hi and records[n][3] == lane]
+                if doomed:
+                    _delete(starts, records, doomed)
+
+
+def _delete(starts: list[int], records: list, indices: list[int]) -> None:
+    """Delete the given sorted indices from both lists, a run of consecutive ones at a time."""
+    end = len(indices)
+    while end:
+        first = end - 1
+        while first and indices[first - 1] == indices[first] - 1:
+            first -= 1
+        del starts[indices[first]:indices[end - 1] + 1]
+        del records[indices[first]:indices[end - 1] + 1]
+        end = first
 
 
 def _lane_of(ins: Instruction) -> Any:
@@ -92,7 +139,9 @@ def _dram_hazards(tables: dict[str, "Hazards"], nid: int, lane: Any, accesses: l
     """Same-core ordering of DMA on overlapping bytes of one operand (symbolic: operand and offset only)."""
     preds: set[int] = set()
     for operand, lo, hi, is_write in accesses:
-        table = tables.setdefault(operand, Hazards())
+        table = tables.get(operand)
+        if table is None:
+            table = tables[operand] = Hazards()
         rng = [(lo, hi)]
         preds |= table.add(nid, lane, [] if is_write else rng, rng if is_write else [])
     return preds
