@@ -27,6 +27,10 @@ def _cases(dtype, param_dtype=None):
         ("native_batch_norm eval", aten.native_batch_norm.default, (x, w, b, rm, rv, False, 0.1, 1e-5)),
         ("_native_batch_norm_legit eval", aten._native_batch_norm_legit.default, (x, w, b, rm, rv, False, 0.1, 1e-5)),
         ("_native_batch_norm_legit no_stats", aten._native_batch_norm_legit.no_stats, (x, w, b, True, 0.1, 1e-5)),
+        ("_batch_norm_with_update", aten._batch_norm_with_update.default, (x, w, b, rm, rv, 0.1, 1e-5)),
+        ("_batch_norm_with_update_functional", aten._batch_norm_with_update_functional.default,
+         (x, w, b, rm, rv, 0.1, 1e-5)),
+        ("_batch_norm_no_update", aten._batch_norm_no_update.default, (x, w, b, rm, rv, 0.1, 1e-5)),
         ("native_layer_norm", aten.native_layer_norm.default, (x, [5], w.new_ones(5), None, 1e-5)),
         ("native_layer_norm with bias", aten.native_layer_norm.default, (x, [5], w.new_ones(5), w.new_zeros(5), 1e-5)),
     ]
@@ -41,6 +45,7 @@ def test_statistics_have_the_cpus_dtype_and_shape(dtype, param_dtype, mode, monk
         stored = [_stored(a) if isinstance(a, torch.Tensor) else a for a in args]
         expected = op(*[a.clone() if isinstance(a, torch.Tensor) else a for a in stored])
         got = op(*[a.to("spyre") if isinstance(a, torch.Tensor) else a for a in stored])
+        assert len(got) == len(expected), name
         for i, (g, e) in enumerate(zip(got, expected)):
             assert (g.dtype, g.shape) == (e.dtype, e.shape), (name, i)
             torch.testing.assert_close(g.cpu(), e, **TOL[dtype], msg=f"{name}: result {i}")
@@ -79,6 +84,8 @@ def _compiled_cases(dtype):
          lambda x, w, b, rm, rv: aten._native_batch_norm_legit(x, w, b, rm, rv, False, 0.1, 1e-5)),
         ("_native_batch_norm_legit no_stats",
          lambda x, w, b, rm, rv: aten._native_batch_norm_legit(x, w, b, True, 0.1, 1e-5)),
+        ("_batch_norm_with_update", lambda x, w, b, rm, rv: aten._batch_norm_with_update(x, w, b, rm, rv, 0.1, 1e-5)),
+        ("_batch_norm_no_update", lambda x, w, b, rm, rv: aten._batch_norm_no_update(x, w, b, rm, rv, 0.1, 1e-5)),
         ("native_layer_norm", lambda x, w, b, rm, rv: aten.native_layer_norm(x, [5], None, None, 1e-5)),
         ("native_layer_norm affine",
          lambda x, w, b, rm, rv: aten.native_layer_norm(x, [3, 5], x.new_ones(3, 5), x.new_zeros(3, 5), 1e-5)),
@@ -137,7 +144,8 @@ def test_compiled_backward_reads_16bit_statistics_and_matches_the_cpu(module, tr
 
 
 @pytest.mark.parametrize("mode", ["host", "compile"])
-@pytest.mark.parametrize("op", [aten.native_batch_norm.default, aten._native_batch_norm_legit.default])
+@pytest.mark.parametrize("op", [aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
+                                aten._batch_norm_with_update.default])
 def test_training_op_updates_running_statistics_without_a_version_bump(op, mode, monkeypatch):
     """The CPU's kernels write the running statistics without bumping their version counters, and
     autograd saves them for the backward before the op runs: on spyre the backward through the training
@@ -154,7 +162,8 @@ def test_training_op_updates_running_statistics_without_a_version_bump(op, mode,
         leaves = [t.clone().to(device).requires_grad_() for t in (x, w, b)]
         running = [t.clone().to(device) for t in (rm, rv)]  # (the CPU op writes them in place)
         versions = [t._version for t in running]
-        out = op(*leaves, *running, True, 0.5, 0.6)
+        training = () if op is aten._batch_norm_with_update.default else (True,)  # (always training)
+        out = op(*leaves, *running, *training, 0.5, 0.6)
         assert [t._version for t in running] == versions, device
         grads = torch.autograd.grad(out[0].sum(), leaves)
         results.append([t.cpu() for t in (*grads, *running)])

@@ -222,3 +222,24 @@ def test_host_fallback_honours_an_op_told_its_dtype():
     out = torch.empty(4, 8, dtype=torch.float16).to("spyre")
     torch.cumprod(x.to("spyre"), 0, dtype=torch.float16, out=out)
     torch.testing.assert_close(out.cpu(), torch.cumprod(card_x, 0), atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("mode", ["host", "compile"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_soft_margin_loss_intermediate_beyond_dlfloat16_range(dtype, mode, monkeypatch):
+    """soft_margin_loss's composite kernel stores exp(-target * input) in the input's dtype before its
+    log1p: exp(67) is beyond DLFloat16's largest finite (8.573e9) and the loss came back NaN, where the
+    result (67) is representable. The op runs as one program (or on the host in fp32) instead
+    (registration.ONE_PROGRAM_OPS): forward and backward match float64."""
+    monkeypatch.setenv("TORCH_SPYRE_EAGER", mode)
+    x = torch.tensor([-0.369, 3.53, 8.125, 1.83, -8.8125]).to(dtype).to("spyre").cpu()
+    y = torch.tensor([-8.5625, 5.4375, -8.25, -4.375, 5.25]).to(dtype).to("spyre").cpu()
+    for reduction in ("none", "mean", "sum"):
+        want = torch.nn.functional.soft_margin_loss(x.double(), y.double(), reduction=reduction)
+        xd = x.to("spyre").requires_grad_()
+        got = torch.nn.functional.soft_margin_loss(xd, y.to("spyre"), reduction=reduction)
+        torch.testing.assert_close(got.cpu().double(), want, atol=2e-2, rtol=2e-2, msg=reduction)
+        xw = x.double().requires_grad_()
+        torch.nn.functional.soft_margin_loss(xw, y.double(), reduction=reduction).sum().backward()
+        got.sum().backward()
+        torch.testing.assert_close(xd.grad.cpu().double(), xw.grad, atol=2e-2, rtol=2e-2, msg=reduction)

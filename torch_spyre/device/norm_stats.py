@@ -1,6 +1,7 @@
 """Batch norm and layer norm statistics on spyre as the CPU returns them.
 
-``native_batch_norm``, ``_native_batch_norm_legit`` and ``native_layer_norm`` also return the statistics
+``native_batch_norm``, ``_native_batch_norm_legit``, ``native_layer_norm`` and torch.export's batch norms
+(``_batch_norm_with_update``, its functional variant, ``_batch_norm_no_update``) also return the statistics
 they normalized with (``save_mean``, ``save_invstd`` / ``rstd``). torch's decompositions and meta kernels
 give every device but the CPU CUDA's conventions: the statistics in fp32 for 16-bit inputs, and the
 running statistics (shape ``(C,)``) in eval mode. The CPU returns them in the input's dtype, and tensors of
@@ -25,12 +26,17 @@ import torch
 from .._torch.device import OpOverload, unversioned_writes, wrap_decompositions
 from .op_call import bound_args, op_info
 
-# op overload name -> whether it has a ``training`` argument
+# op overload name -> training mode: the ``training`` argument's value ("arg"), always (True: the statistics
+# are the batch's) or never (False: the CPU returns tensors of no elements for them)
 OPS = {
-    "native_batch_norm": True,
-    "_native_batch_norm_legit": True,
-    "_native_batch_norm_legit.no_stats": True,
-    "native_layer_norm": False,
+    "native_batch_norm": "arg",
+    "_native_batch_norm_legit": "arg",
+    "_native_batch_norm_legit.no_stats": "arg",
+    "native_layer_norm": True,
+    # torch.export's batch norms (their 4th output, ``reserve``, is a uint8 tensor of no elements on the
+    # CPU); _batch_norm_no_update's composite kernel calls the CPU's batch_norm_cpu and refuses device tensors
+    "_batch_norm_with_update": True,
+    "_batch_norm_no_update": False,
 }
 
 
@@ -46,7 +52,11 @@ def _statistics_dtype(x: torch.Tensor, params: list) -> torch.dtype:
     return torch.float32 if mixed else x.dtype
 
 
-def _kernel(op: OpOverload, has_training: bool):
+def _training(mode, bound: dict) -> bool:
+    return bool(bound["training"]) if mode == "arg" else mode
+
+
+def _kernel(op: OpOverload, mode):
     info = op_info(op)
 
     def kernel(*args, **kwargs):
@@ -58,12 +68,12 @@ def _kernel(op: OpOverload, has_training: bool):
         # must not bump them either ("modified by an inplace operation" in the backward otherwise).
         running = tuple(t for t in (bound.get("running_mean"), bound.get("running_var")) if isinstance(t, torch.Tensor))
         with unversioned_writes(running):
-            out, mean, rstd = fallback.run(op, *args, **kwargs)
+            out, mean, rstd, *rest = fallback.run(op, *args, **kwargs)
         x = bound["input"]
         dtype = _statistics_dtype(x, [bound.get(n) for n in _PARAMS])
-        if has_training and not bound["training"]:
-            return out, x.new_empty((0,), dtype=dtype), x.new_empty((0,), dtype=dtype)
-        return out, mean.to(dtype), rstd.to(dtype)
+        if not _training(mode, bound):
+            return out, x.new_empty((0,), dtype=dtype), x.new_empty((0,), dtype=dtype), *rest
+        return out, mean.to(dtype), rstd.to(dtype), *rest
 
     kernel.__name__ = f"spyre_{info.name.replace('.', '_')}"
     return kernel
@@ -71,15 +81,15 @@ def _kernel(op: OpOverload, has_training: bool):
 
 # The ops compiled graphs trace (torch.compile, export), whose decompositions give the statistics for
 # devices other than the CPU in fp32 and, in eval mode, the running statistics. Their first three
-# outputs are (out, mean, rstd); the functional batch norm adds the new running statistics.
-_TRACED = (*OPS, "_native_batch_norm_legit_functional", "_native_batch_norm_legit_no_training")
+# outputs are (out, mean, rstd); the functional batch norms add ``reserve`` and/or the new running statistics.
+_TRACED = {**OPS, "_native_batch_norm_legit_functional": "arg", "_native_batch_norm_legit_no_training": False,
+           "_batch_norm_with_update_functional": True}
 
 
 def _traced(op: OpOverload, decomposition):
     """``decomposition`` with the statistics of spyre inputs as the CPU's kernels return them."""
     info = op_info(op)
-    has_training = "training" in info.arg_names
-    eval_only = "running_mean" in info.arg_names and not has_training  # _native_batch_norm_legit_no_training
+    mode = _TRACED[info.name]
 
     def traced(*args, **kwargs):
         result = decomposition(*args, **kwargs)
@@ -89,7 +99,7 @@ def _traced(op: OpOverload, decomposition):
             return result
         out, mean, rstd, *rest = result
         dtype = _statistics_dtype(x, [bound.get(n) for n in _PARAMS])
-        if eval_only or (has_training and not bound["training"]):
+        if not _training(mode, bound):
             return (out, x.new_empty((0,), dtype=dtype), x.new_empty((0,), dtype=dtype), *rest)
         return (out, mean.to(dtype), rstd.to(dtype), *rest)
 
@@ -109,8 +119,8 @@ def patch_decompositions() -> None:
 def kernels() -> list[tuple[str, object, str]]:
     """(aten op, kernel, dispatch key) for each op, for the device's registration (registration.py)."""
     out = []
-    for name, has_training in OPS.items():
+    for name, mode in OPS.items():
         packet, _, overload = name.partition(".")
         op = getattr(getattr(torch.ops.aten, packet), overload or "default")
-        out.append((name, _kernel(op, has_training), "PrivateUse1"))
+        out.append((name, _kernel(op, mode), "PrivateUse1"))
     return out

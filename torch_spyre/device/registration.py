@@ -51,6 +51,12 @@ KERNEL_NAMES = (
 )
 # Ops with a composite kernel that refuses to run (a backend must override them): sent to the fallback.
 FALLBACK_OPS = ("convolution_overrideable", "convolution_backward_overrideable")
+# Ops whose composite kernel chains ops through tensors of the input's dtype, one of which can exceed
+# DLFloat16's range (largest finite 8.573e9) where the result does not: soft_margin_loss stores
+# exp(-target * input) before its log1p (exp(67) made the loss NaN where the CPU in bf16 gives 67). Sent to
+# the fallback, each runs as one program whose intermediates stay in the vector unit (fp32), or on the host
+# in fp32.
+ONE_PROGRAM_OPS = ("soft_margin_loss", "soft_margin_loss_backward")
 
 
 def _via_fallback(name: str):
@@ -116,7 +122,7 @@ def register() -> None:
             aten.impl(name, _forward(name), "PrivateUse1")
         for name in METADATA_OPS:
             aten.impl(name, _cpu_metadata(name), "PrivateUse1")
-        for name in FALLBACK_OPS:
+        for name in FALLBACK_OPS + ONE_PROGRAM_OPS:
             aten.impl(name, _via_fallback(name), "PrivateUse1")
         from . import norm_stats, rnn_cells, sdpa, serialization, torch_patches
 
