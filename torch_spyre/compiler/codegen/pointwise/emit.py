@@ -134,13 +134,15 @@ class Emitter:
     # ``_cast_alias`` and ``_sp_dtype_of`` are pure functions of the DAG and the aliases, which are fixed
     # once ``generate`` has found them: asked per view of every box, they are answered once per value
     # (``_value_memo``, reset by ``generate``).
-    def _cast_alias(self, v: Value) -> bool:
-        key = ("cast_alias", v.gid)
+    def _memoised(self, kind: str, v: Value, find):
         memo = self.__dict__.setdefault("_value_memo", {})
-        found = memo.get(key)
+        found = memo.get((kind, v.gid))
         if found is None:
-            found = memo[key] = self._find_cast_alias(v)
+            found = memo[(kind, v.gid)] = find(v)
         return found
+
+    def _cast_alias(self, v: Value) -> bool:
+        return self._memoised("cast_alias", v, self._find_cast_alias)
 
     def _find_cast_alias(self, v: Value) -> bool:
         src = self.dag.values[v.args[0]]
@@ -150,12 +152,7 @@ class Emitter:
         return s_dt == v.sp_dtype or (s_dt == "dlfloat16" and v.sp_dtype == "float32")
 
     def _sp_dtype_of(self, v: Value) -> str:
-        key = ("sp_dtype", v.gid)
-        memo = self.__dict__.setdefault("_value_memo", {})
-        found = memo.get(key)
-        if found is None:
-            found = memo[key] = self._find_sp_dtype(v)
-        return found
+        return self._memoised("sp_dtype", v, self._find_sp_dtype)
 
     def _find_sp_dtype(self, v: Value) -> str:
         if v.op == "load":
