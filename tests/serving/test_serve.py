@@ -57,6 +57,17 @@ def _children(pid: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    yield from _serve(tmp_path_factory)
+
+
+@pytest.fixture
+def server_to_stop(tmp_path_factory):
+    """A server of its own for the test that stops it: with ``--dist worksteal`` a test of this module can
+    run on a worker after that test, and must not find the shared server stopped."""
+    yield from _serve(tmp_path_factory)
+
+
+def _serve(tmp_path_factory):
     path = tmp_path_factory.mktemp("served")
     model = tiny_models.build("llama", path)
     expected = [tiny_models.hf_greedy(model, p, NEW_TOKENS) for p in PROMPTS]
@@ -216,9 +227,10 @@ def _environ(pid: int) -> dict[str, str]:
 
 @pytest.mark.slow
 @pytest.mark.models
-def test_sigterm_stops_the_server_cleanly(server):
+def test_sigterm_stops_the_server_cleanly(server_to_stop):
     import psutil
 
+    server = server_to_stop
     proc = server["proc"]
     children = _children(proc.pid)
     # server_main gave the server's processes one Prometheus directory (the engine core inherited it)
