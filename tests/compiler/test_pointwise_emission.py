@@ -15,27 +15,15 @@ from torch_spyre.card import StickLayout, load_config
 from torch_spyre.compiler import access
 from torch_spyre.compiler.access import TensorView
 from torch_spyre.compiler.codegen.pointwise import PointwiseGenerator, analysis, emit, sym
-from torch_spyre.compiler.kernel_ir import BufferSpec, KernelSpec, NodeSpec, Op
+from torch_spyre.compiler.kernel_ir import KernelSpec, NodeSpec
 from torch_spyre.program import SpTensor
 
-
-class _Ops:
-    def __init__(self):
-        self.ops: list[Op] = []
-
-    def __call__(self, op, *args, dtype="float32", **attrs):
-        self.ops.append(Op(len(self.ops), op, list(args), dtype, attrs))
-        return len(self.ops) - 1
-
-
-def _buf(name, shape, role, dtype="float32"):
-    strides = [int(np.prod(shape[d + 1:])) for d in range(len(shape))]
-    return BufferSpec(name, dtype, list(shape), strides, 0, role)
+from .test_pointwise import Ops, buf
 
 
 def _padded_positions(batch=2, rows=10, data_rows=3, width=40):
     """Loop indices used as data (every element its own box), a guarded load, a cast into a 16-bit store."""
-    o = _Ops()
+    o = Ops()
     keep = o("lt", o("index_expr", dtype="int64", index="x1"), o("constant", dtype="int64", value=data_rows), dtype="bool")
     x = o("load", buffer="a", index=f"{data_rows * width}*x0 + {width}*x1 + x2", guards=[keep])
     pos = o("sin", o("mul", o("index_expr", index="x1"), o("index_expr", index="x2")))
@@ -46,19 +34,19 @@ def _padded_positions(batch=2, rows=10, data_rows=3, width=40):
     o("store", o("to_dtype", y, dtype="float16"), dtype="float16", buffer="out16", index=f"{rows * width}*x0 + {width}*x1 + x2")
     sizes = [batch, rows, width]
     return KernelSpec("k_pos", sizes, [], [NodeSpec("op0", sizes, [], "full", o.ops)],
-                      [_buf("a", [batch, data_rows, width], "input"), _buf("w", [width], "input"),
-                       _buf("out", sizes, "output"), _buf("out16", sizes, "output", "float16")])
+                      [buf("a", [batch, data_rows, width], "input"), buf("w", [width], "input"),
+                       buf("out", sizes, "output"), buf("out16", sizes, "output", "float16")])
 
 
 def _weighted_row_reductions(rows=6, cols=70):
     """A sum weighted by the reduction index (per-element boxes over r) and a max of the same rows."""
-    o = _Ops()
+    o = Ops()
     x = o("load", buffer="a", index=f"{cols}*x0 + r0")
     o("store", o("reduction", o("mul", x, o("index_expr", index="r0")), reduction="sum"), buffer="s", index="x0",
       reduction=True)
     o("store", o("reduction", x, reduction="max"), buffer="m", index="x0", reduction=True)
     return KernelSpec("k_wsum", [rows], [cols], [NodeSpec("op0", [rows], [cols], "reduction", o.ops)],
-                      [_buf("a", [rows, cols], "input"), _buf("s", [rows], "output"), _buf("m", [rows], "output")])
+                      [buf("a", [rows, cols], "input"), buf("s", [rows], "output"), buf("m", [rows], "output")])
 
 
 _DEVICE = {"float32": "float32", "float16": "dlfloat16"}
