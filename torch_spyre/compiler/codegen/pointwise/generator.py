@@ -419,7 +419,7 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
         bufs = []
         for name, n in sorted(size.items()):
             lo, hi = first[name], last[name]
-            if name.startswith(("ld", "st")) or name == "iota" or (
+            if name.startswith(("ld", "st")) or name in ("iota", "xiota") or (
                     name.startswith("v") and self.dag.values[int(name[1:])].op == "reduction"):
                 lo, hi = -1, 1 << 30  # loads are double-buffered across tiles; accumulators span the tile
             elif self.dag.values[int(name[1:].split(".")[0])].extent == "outer" if name.startswith("v") else False:
