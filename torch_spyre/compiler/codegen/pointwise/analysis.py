@@ -1,7 +1,8 @@
 """The numeric analysis of one chunk of a kernel (``access.py`` applied to the kernel's loads and
 stores): for every access, the device elements and sticks it touches over the chunk; then the chunk cut
-into *boxes* where every access is one strided view of its scratchpad sticks and every static mask and
-index-only value is constant (``KernelGen.partition``)."""
+into *boxes* where every access is one strided view of its scratchpad sticks, every static mask and
+index-only value is constant and every loop index used as data (``iindex``) is affine
+(``KernelGen.partition``)."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ class Box:
     origin: tuple[int, ...]  # relative to the tile
     shape: tuple[int, ...]
     splits: dict[int, list[int]]  # mixed-radix factors per dim (innermost first)
-    views: dict[int, tuple[int, tuple[int, ...]]]  # access gid -> (base position, strides) in refined dims
+    views: dict[int, tuple[int, tuple[int, ...]]]  # access (or iindex) gid -> (base position, strides) in refined dims
     statics: dict[int, Any]  # static value gid -> its (uniform) value in this box
     # Views emission derived from this box (``sym.py``), keyed by what they depend on besides the box.
     # Emission asks for the same few views of every box once per value: derived once, they cost a

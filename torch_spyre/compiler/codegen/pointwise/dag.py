@@ -148,7 +148,7 @@ class Dag:
         ``where`` each branch's values carry its condition (or its negation) as a guard, so the branch a
         box does not take is not computed there (a padding of positions computes nothing). True when
         something was lifted."""
-        memo: dict[tuple[int, tuple[int, ...]], int] = {}
+        memo: dict[tuple[int, tuple[int, ...], str], int] = {}  # (gid, guards, extent) -> its copy
         lifted = False
         for v in list(self.values):
             if v.extent in ("static", "scalar") or v.op in ("load", "indirect"):

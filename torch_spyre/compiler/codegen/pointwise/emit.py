@@ -1,7 +1,8 @@
 """Instruction emission: a core's steps become DMA loads (double-buffered, one group ahead), one vector
 instruction per box for every materialized value (op-major, so intermediate buffers live only while
 needed), and stores through staging sticks (read-modify-write of sticks a step writes only partly).
-Reductions and the reduction-position iota are in ``reduce.py``."""
+Loop indices used as data are views of the core's index iota. Reductions and the reduction-position
+iota are in ``reduce.py``."""
 
 from __future__ import annotations
 
