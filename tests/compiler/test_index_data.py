@@ -144,3 +144,25 @@ def test_compiled_index_data_matches_cpu(fn, x, bound, programs):
     assert programs
     for name, program in programs.items() if bound else ():
         assert _count(program) < bound // 4, (name, _count(program))  # one box per element: >= bound
+
+
+def test_reduction_index_in_chunks():
+    """A sum weighted by the reduction index over rows too long for the scratchpad: each reduction chunk
+    reads the index from its own first position on."""
+    from torch_spyre.card import load_config
+
+    rows, cols = 3, 40_000
+    o = Ops()
+    x = o("load", buffer="a", index=f"{cols}*x0 + r0")
+    w = o("mul", o("index_expr", dtype="float32", index="r0"), o("constant", value=1.0 / cols))
+    o("store", o("reduction", o("mul", x, w), reduction="sum"), buffer="out", index="x0", reduction=True)
+    spec = KernelSpec("k_wsum", [rows], [cols], [NodeSpec("op0", [rows], [cols], "reduction", o.ops)],
+                      [buf("a", [rows, cols], "input"), buf("out", [rows], "output")])
+    a = np.random.randn(rows, cols).astype(np.float32)
+    out, program = run(spec, {"a": a}, {"a": StickLayout((rows, cols), 1, "float32"),
+                                        "out": StickLayout((rows,), 0, "float32")},
+                       config=load_config(scratchpad_plannable_bytes=64 * 1024))
+    assert program.metadata["decisions"]["tiling"]["persistent_reduction"] is False
+    weights = np.arange(cols, dtype=np.float32) * np.float32(1.0 / cols)
+    np.testing.assert_allclose(out["out"], (a * weights).sum(1), rtol=1e-4, atol=1e-2)
+    assert _count(program) < cols // 4, _count(program)
