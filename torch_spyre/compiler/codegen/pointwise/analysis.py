@@ -194,8 +194,10 @@ class KernelGen:
         return all(self._index_only(a) for a in self.dag.inputs(v))
 
     # --- analysing one chunk ---------------------------------------------------------------------
-    def analyse(self, ch: Chunk, outer_only: bool = False, with_boxes: bool = True) -> None:
-        """The chunk's accesses (``ch.accesses``) and, ``with_boxes``, its boxes."""
+    def analyse(self, ch: Chunk, outer_only: bool = False, with_boxes: bool = True, host_only: bool = False) -> None:
+        """The chunk's accesses (``ch.accesses``) and, ``with_boxes``, its boxes. ``host_only``: the host
+        indices and aliases only, no device elements or sticks (what finding the aliases over the whole
+        iteration space needs: the device offsets of every element of a big kernel cost seconds)."""
         spec, dag = self.spec, self.dag
         full_shape = tuple(ch.xs) + tuple(ch.rs)
         env_full: dict[int, dict[str, np.ndarray]] = {}
@@ -246,6 +248,11 @@ class KernelGen:
             if valid is not None and not valid.any():
                 ch.accesses[gid] = AccessInTile(gid, v.attrs["buffer"], "outer" if outer else "full",
                                                 np.zeros(shape, np.int64), valid, access.StickSet(np.zeros(0, np.int64), np.zeros(shape, np.int64)))
+                continue
+            if host_only:
+                a = ch.accesses[gid] = AccessInTile(gid, v.attrs["buffer"], "outer" if outer else "full", idx, valid, host=idx)
+                if v.op == "load":
+                    a.alias = self._internal_alias(v, ch, idx, outer)
                 continue
             safe_idx = idx if valid is None else np.where(valid, idx, idx[valid].flat[0])
             dev = access.device_elements(place, safe_idx, f"{'load from' if v.op == 'load' else 'store to'} {v.attrs['buffer']}")

@@ -123,7 +123,7 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
         xs = tuple(spec.x_sizes)
         ch = Chunk(0, 0, tuple(0 for _ in xs), xs, tuple(0 for _ in spec.r_sizes), tuple(spec.r_sizes))
         ch.accessed = [v.gid for v in self.dag.values if v.op in ("load", "store")]
-        self.analyse(ch, outer_only=True)
+        self.analyse(ch, outer_only=True, with_boxes=False, host_only=True)
         aliases = {g: a.alias for g, a in ch.accesses.items() if a.alias is not None}
         self._merge_equal_loads(ch, aliases)
         return aliases
