@@ -13,12 +13,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import torch_spyre
 from torch_spyre.card import StickLayout
 from torch_spyre.compiler import debug
 from torch_spyre.compiler.kernel_ir import KernelSpec, NodeSpec
 from torch_spyre.program import Elementwise
 
-from .spyre_compile_helpers import fresh
+from .spyre_compile_helpers import fresh, run_compiled
 from .test_pointwise import Ops, buf, run
 
 
@@ -138,12 +139,22 @@ def _sinusoidal(x):
     (lambda x: (x * torch.arange(x.shape[-1], device=x.device)).sum(-1), torch.randn(8, 3000), None),
 ])
 def test_compiled_index_data_matches_cpu(fn, x, bound, programs):
-    fresh()
-    got = torch.compile(fn)(x.to("spyre")).cpu()
+    got = run_compiled(fn, x)
     torch.testing.assert_close(got, fn(x), rtol=1e-5, atol=1e-3)
     assert programs
     for name, program in programs.items() if bound else ():
         assert _count(program) < bound // 4, (name, _count(program))  # one box per element: >= bound
+
+
+def test_large_arange_is_one_fused_kernel():
+    """An arange over 256k elements added to a tensor: with a box per element the fused kernel was refused
+    (more than 4096 boxes per tile) and its ops ran as eager ops."""
+    fn = lambda x: x + torch.arange(x.numel(), device=x.device).reshape(x.shape)  # noqa: E731
+    x = torch.randn(256, 1024)
+    fresh()
+    got = torch.compile(fn)(x.to("spyre")).cpu()
+    assert not torch_spyre.fallback_stats().compile_fallbacks
+    torch.testing.assert_close(got, fn(x), rtol=0, atol=0)
 
 
 def test_reduction_index_in_chunks():
