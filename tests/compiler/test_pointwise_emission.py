@@ -22,11 +22,12 @@ from .test_pointwise import Ops, buf
 
 
 def _padded_positions(batch=2, rows=10, data_rows=3, width=40):
-    """Loop indices used as data (every element its own box), a guarded load, a cast into a 16-bit store."""
+    """A loop index used as data that is not affine in the loop variables (a box per element along x2),
+    a guarded load, a cast into a 16-bit store."""
     o = Ops()
     keep = o("lt", o("index_expr", dtype="int64", index="x1"), o("constant", dtype="int64", value=data_rows), dtype="bool")
     x = o("load", buffer="a", index=f"{data_rows * width}*x0 + {width}*x1 + x2", guards=[keep])
-    pos = o("sin", o("mul", o("index_expr", index="x1"), o("index_expr", index="x2")))
+    pos = o("sin", o("index_expr", index="x2*x2 + x1*x2"))
     zero = o("constant", value=0.0)
     val = o("where", keep, o("add", x, pos), zero)
     o("store", val, buffer="out", index=f"{rows * width}*x0 + {width}*x1 + x2")
@@ -39,10 +40,11 @@ def _padded_positions(batch=2, rows=10, data_rows=3, width=40):
 
 
 def _weighted_row_reductions(rows=6, cols=70):
-    """A sum weighted by the reduction index (per-element boxes over r) and a max of the same rows."""
+    """A sum weighted by a non-affine function of the reduction index (per-element boxes over r) and a max
+    of the same rows."""
     o = Ops()
     x = o("load", buffer="a", index=f"{cols}*x0 + r0")
-    o("store", o("reduction", o("mul", x, o("index_expr", index="r0")), reduction="sum"), buffer="s", index="x0",
+    o("store", o("reduction", o("mul", x, o("index_expr", index="r0*r0")), reduction="sum"), buffer="s", index="x0",
       reduction=True)
     o("store", o("reduction", x, reduction="max"), buffer="m", index="x0", reduction=True)
     return KernelSpec("k_wsum", [rows], [cols], [NodeSpec("op0", [rows], [cols], "reduction", o.ops)],

@@ -15,7 +15,8 @@ How a kernel runs on the card
   ``scratchpad_plannable_bytes`` (:func:`scratchpad.plan` by liveness). Input sticks of the next chunk
   are loaded while the current one is computed (two buffers per input).
 - Inside a tile every access is analysed numerically (``access.py``); the tile is cut into *boxes*
-  where every access is one strided view and every static mask is constant, and each op of the DAG
+  where every access is one strided view, every static mask is constant and every loop index used as
+  data is affine (it is read from the core's iota of consecutive integers), and each op of the DAG
   becomes one vector instruction per box (op-major, so intermediate buffers live only while needed).
 - Reductions accumulate in fp32 into an outer buffer (initialised to the op's identity), one ``Reduce``
   per reduced view axis; ops that need a reduction's result run in a later *phase* (a second pass over
@@ -26,12 +27,14 @@ How a kernel runs on the card
 The modules, in the order a kernel goes through them:
 
 - ``values.py``: the DAG's values, compute dtypes, the op-lowering tables;
-- ``dag.py``: the kernel's nodes as one DAG (lowering, CSE, extents, phases, guards);
+- ``dag.py``: the kernel's nodes as one DAG (lowering, CSE, index values used as data, extents, phases,
+  guards);
 - ``tiling.py``: loop variables over a box, the work division over the cores, tiles and their shrinking;
 - ``analysis.py``: the numeric analysis of a chunk's accesses and its cut into boxes;
 - ``schedule.py``: which values each step of a tile computes;
 - ``sym.py``: symbolic scratchpad tensors, placed by the liveness plan after emission;
-- ``emit.py`` / ``reduce.py``: instruction emission (values, loads, stores / reductions, iota);
+- ``emit.py`` / ``reduce.py``: instruction emission (values, index iota, loads, stores / reductions,
+  reduction-position iota);
 - ``fold.py``: constant folding with the card's own arithmetic;
 - ``generator.py``: the driver (aliases, division, tile search, plan, decisions) and :func:`generate`.
 """

@@ -1,11 +1,13 @@
 """The numeric analysis of one chunk of a kernel (``access.py`` applied to the kernel's loads and
 stores): for every access, the device elements and sticks it touches over the chunk; then the chunk cut
-into *boxes* where every access is one strided view of its scratchpad sticks and every static mask and
-index-only value is constant (``KernelGen.partition``)."""
+into *boxes* where every access is one strided view of its scratchpad sticks, every static mask and
+index-only value is constant and every loop index used as data (``iindex``) is affine
+(``KernelGen.partition``)."""
 
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +21,31 @@ from .dag import Dag
 from .fold import card_op
 from .tiling import node_vars
 from .values import MAX_BOXES_PER_TILE, Value, compute_dtype, is_ref
+
+
+# An ``iindex`` value's view of the core's iota spans at most twice its box's elements (or this many):
+# a box whose index strides are sparser (a few elements of every 4096th row) is cut instead.
+IOTA_MIN_SPAN = 4096
+
+
+def iota_view(strides: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, int, tuple[int, ...]]:
+    """How ``base + sum(i_d * strides_d)`` over ``shape`` reads the core's iota (``0, 1, 2, ...``): as
+    ``g * iota[first + sum(i_d * strides_d / g)] + (base - g * first)``, with ``g`` the strides' gcd (0 when
+    all are 0). Returns (g, first, strides / g)."""
+    g = 0
+    for st in strides:
+        g = math.gcd(g, abs(st))
+    if g == 0:
+        return 0, 0, tuple(0 for _ in strides)
+    unit = tuple(st // g for st in strides)
+    first = -sum(min(0, st) * (n - 1) for st, n in zip(unit, shape))
+    return g, first, unit
+
+
+def _iota_span(strides: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    """Iota elements the view of ``iota_view`` reaches."""
+    _, _, unit = iota_view(strides, shape)
+    return 1 + sum(abs(st) * (n - 1) for st, n in zip(unit, shape))
 
 
 @dataclass
@@ -39,7 +66,7 @@ class Box:
     origin: tuple[int, ...]  # relative to the tile
     shape: tuple[int, ...]
     splits: dict[int, list[int]]  # mixed-radix factors per dim (innermost first)
-    views: dict[int, tuple[int, tuple[int, ...]]]  # access gid -> (base position, strides) in refined dims
+    views: dict[int, tuple[int, tuple[int, ...]]]  # access (or iindex) gid -> (base position, strides) in refined dims
     statics: dict[int, Any]  # static value gid -> its (uniform) value in this box
     # Views emission derived from this box (``sym.py``), keyed by what they depend on besides the box.
     # Emission asks for the same few views of every box once per value: derived once, they cost a
@@ -75,6 +102,7 @@ class Chunk:
     run_full: list[int] = field(default_factory=list)  # full value gids computed in this chunk
     run_outer: list[int] = field(default_factory=list)  # outer value gids computed after this chunk
     accessed: list[int] = field(default_factory=list)  # load/store gids to analyse (default: those run)
+    index_base: dict[int, int] = field(default_factory=dict)  # iindex gid -> its index at the chunk's origin
 
 
 
@@ -133,7 +161,7 @@ class KernelGen:
                 for a in self.dag.inputs(v):
                     if self.dag.values[a].extent == "static" and a not in out:
                         out.append(a)
-            if v.op == "load":
+            if v.op in ("load", "iindex"):
                 for g in v.attrs.get("guards", []):
                     if g not in out:
                         out.append(g)
@@ -166,8 +194,10 @@ class KernelGen:
         return all(self._index_only(a) for a in self.dag.inputs(v))
 
     # --- analysing one chunk ---------------------------------------------------------------------
-    def analyse(self, ch: Chunk, outer_only: bool = False, with_boxes: bool = True) -> None:
-        """The chunk's accesses (``ch.accesses``) and, ``with_boxes``, its boxes."""
+    def analyse(self, ch: Chunk, outer_only: bool = False, with_boxes: bool = True, host_only: bool = False) -> None:
+        """The chunk's accesses (``ch.accesses``) and, ``with_boxes``, its boxes. ``host_only``: the host
+        indices and aliases only, no device elements or sticks (what finding the aliases over the whole
+        iteration space needs: the device offsets of every element of a big kernel cost seconds)."""
         spec, dag = self.spec, self.dag
         full_shape = tuple(ch.xs) + tuple(ch.rs)
         env_full: dict[int, dict[str, np.ndarray]] = {}
@@ -219,6 +249,11 @@ class KernelGen:
                 ch.accesses[gid] = AccessInTile(gid, v.attrs["buffer"], "outer" if outer else "full",
                                                 np.zeros(shape, np.int64), valid, access.StickSet(np.zeros(0, np.int64), np.zeros(shape, np.int64)))
                 continue
+            if host_only:
+                a = ch.accesses[gid] = AccessInTile(gid, v.attrs["buffer"], "outer" if outer else "full", idx, valid, host=idx)
+                if v.op == "load":
+                    a.alias = self._internal_alias(v, ch, idx, outer)
+                continue
             safe_idx = idx if valid is None else np.where(valid, idx, idx[valid].flat[0])
             dev = access.device_elements(place, safe_idx, f"{'load from' if v.op == 'load' else 'store to'} {v.attrs['buffer']}")
             a = AccessInTile(gid, v.attrs["buffer"], "outer" if outer else "full", dev, valid, host=idx)
@@ -235,13 +270,26 @@ class KernelGen:
         statics = self._static_consumers()
         full_static = {g: static(g, False) for g in statics if self._used_in(g, "full")}
         outer_static = {g: static(g, True) for g in statics if self._used_in(g, "outer")}
+
+        def indices(run: list[int], extent: str) -> dict[int, np.ndarray]:
+            """The loop indices each ``iindex`` value of the step reads, over the chunk."""
+            out = {}
+            for g in run:
+                v = dag.values[g]
+                if v.op == "iindex" and v.extent == extent:
+                    outer = extent == "outer"
+                    out[g] = np.broadcast_to(access.evaluate(v.attrs["index"], env(v.node, outer)),
+                                             tuple(ch.xs) if outer else full_shape)
+                    ch.index_base[g] = int(out[g].flat[0]) if out[g].size else 0
+            return out
+
         if not outer_only:
             full_acc = [a for a in ch.accesses.values() if a.alias is None and a.same_as is None
                         and a.sticks is not None and dag.values[a.gid].extent == "full"]
-            ch.full_boxes = self.partition(full_shape, full_acc, full_static)
+            ch.full_boxes = self.partition(full_shape, full_acc, full_static, indices(ch.run_full, "full"))
         outer_acc = [a for a in ch.accesses.values()
                      if a.alias is None and a.same_as is None and a.sticks is not None and a.extent == "outer"]
-        ch.outer_boxes = self.partition(tuple(ch.xs), outer_acc, outer_static)
+        ch.outer_boxes = self.partition(tuple(ch.xs), outer_acc, outer_static, indices(ch.run_outer, "outer"))
 
     def _stick_set(self, gid: int, outer: bool, place: TensorView, dev: np.ndarray,
                    valid: np.ndarray | None) -> access.StickSet:
@@ -306,27 +354,33 @@ class KernelGen:
         return None
 
     # --- boxes -----------------------------------------------------------------------------------
-    def partition(self, shape: tuple[int, ...], accs: list[AccessInTile], statics: dict[int, np.ndarray]) -> list[Box]:
-        """The boxes of a tile. They depend only on the tile's scratchpad positions, masks and static values,
-        which are relative to the tile: tiles at different offsets of a regular tensor repeat them (a 25-row
-        tile of a tensor sticked on rows repeats every 64 tiles), so equal inputs share one answer (boxes
-        are never modified after this)."""
+    def partition(self, shape: tuple[int, ...], accs: list[AccessInTile], statics: dict[int, np.ndarray],
+                  indices: dict[int, np.ndarray] | None = None) -> list[Box]:
+        """The boxes of a tile. They depend only on the tile's scratchpad positions, masks, static values
+        and the loop indices ``iindex`` values read (``indices``: those are affine within each box and
+        their views go into ``Box.views``; the index arrays differ between tiles only by a constant,
+        which ``_box`` subtracts), which are relative to the tile: tiles at different offsets of a
+        regular tensor repeat them (a 25-row tile of a tensor sticked on rows repeats every 64 tiles), so
+        equal inputs share one answer (boxes are never modified after this)."""
         if not all(shape):
             return []
-        key = self._partition_key(shape, accs, statics)
+        indices = {g: m - m.flat[0] for g, m in (indices or {}).items()}
+        key = self._partition_key(shape, accs, statics, indices)
         cache = self.__dict__.setdefault("_partitions", {})
         if key not in cache:
-            cache[key] = self._partition(shape, accs, statics)
+            cache[key] = self._partition(shape, accs, statics, indices)
         return list(cache[key])
 
-    def _partition_key(self, shape, accs: list[AccessInTile], statics: dict[int, np.ndarray]) -> tuple:
+    def _partition_key(self, shape, accs: list[AccessInTile], statics: dict[int, np.ndarray],
+                       indices: dict[int, np.ndarray]) -> tuple:
         h = hashlib.blake2b(digest_size=20)
         for a in accs:
             h.update(self._access_digest(a))
-        for g, m in statics.items():
-            m = np.asarray(m)
-            h.update(f"s{g}:{m.shape}:{m.dtype}".encode())
-            h.update(np.ascontiguousarray(m).tobytes())
+        for tag, arrays in (("s", statics), ("i", indices)):
+            for g, m in arrays.items():
+                m = np.asarray(m)
+                h.update(f"{tag}{g}:{m.shape}:{m.dtype}".encode())
+                h.update(np.ascontiguousarray(m).tobytes())
         return tuple(shape), h.digest()
 
     @staticmethod
@@ -345,7 +399,8 @@ class KernelGen:
             found = a.sticks.memo[key] = h.digest()
         return found
 
-    def _partition(self, shape: tuple[int, ...], accs: list[AccessInTile], statics: dict[int, np.ndarray]) -> list[Box]:
+    def _partition(self, shape: tuple[int, ...], accs: list[AccessInTile], statics: dict[int, np.ndarray],
+                   indices: dict[int, np.ndarray]) -> list[Box]:
         out: list[Box] = []
         stack = [(tuple(0 for _ in shape), tuple(shape))]
         while stack:
@@ -357,7 +412,7 @@ class KernelGen:
                 if cut:
                     break
             if cut is None:
-                box = self._box(org, shp, sl, accs, statics)
+                box = self._box(org, shp, sl, accs, statics, indices)
                 if box is not None:
                     out.append(box)
                     if len(out) > MAX_BOXES_PER_TILE:
@@ -365,7 +420,7 @@ class KernelGen:
                             f"kernel {self.spec.name}: an access or mask is too irregular (more than "
                             f"{MAX_BOXES_PER_TILE} strided views per tile); it needs a relayout kernel first")
                     continue
-                cut = self._affine_cut(sl, accs, statics)
+                cut = self._affine_cut(sl, accs, statics, indices)
             axis, pos = cut
             a = (org, shp[:axis] + (pos,) + shp[axis + 1:])
             b = (org[:axis] + (org[axis] + pos,) + org[axis + 1:], shp[:axis] + (shp[axis] - pos,) + shp[axis + 1:])
@@ -376,17 +431,18 @@ class KernelGen:
     def _active(self, a: AccessInTile, sl) -> bool:
         return a.valid is None or bool(a.valid[sl].all())
 
-    def _box(self, org, shp, sl, accs, statics) -> Box | None:
+    def _box(self, org, shp, sl, accs, statics, indices) -> Box | None:
         arrays = {a.gid: a.sticks.position[sl] for a in accs if self._active(a, sl)}
         for a in accs:
             if a.valid is not None and a.valid[sl].any() and not a.valid[sl].all():
                 return None
+        arrays.update((g, m[sl]) for g, m in indices.items())
         splits = access.choose_splits(list(arrays.values()))
         refined, axes = access.refine_shape(shp, splits)
         views = {}
         for g, arr in arrays.items():
             fit = access.affine_strides(arr.reshape(refined))
-            if fit is None:
+            if fit is None or g in indices and _iota_span(fit[1], refined) > max(2 * arr.size, IOTA_MIN_SPAN):
                 return None
             views[g] = fit
         st = {g: np.asarray(m)[sl].flat[0].item() for g, m in statics.items()}
@@ -394,16 +450,14 @@ class KernelGen:
         box.memo["refined"] = (tuple(int(n) for n in refined), axes)  # what Box.refined would compute
         return box
 
-    def _affine_cut(self, sl, accs, statics) -> tuple[int, int]:
+    def _affine_cut(self, sl, accs, statics, indices) -> tuple[int, int]:
         for a in accs:
             if a.valid is not None:
                 cut = access.uniform_split(a.valid[sl])
                 if cut:
                     return cut
-        for a in accs:
-            if not self._active(a, sl):
-                continue
-            arr = a.sticks.position[sl]
+        arrays = [a.sticks.position[sl] for a in accs if self._active(a, sl)] + [m[sl] for m in indices.values()]
+        for arr in arrays:
             if access.affine_strides(arr) is None:
                 cut = access.split_point(arr)
                 if cut:

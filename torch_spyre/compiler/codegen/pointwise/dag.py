@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from ...kernel_ir import KernelSpec, LoweringError
-from .values import BOOL_ONLY_OPS, DIRECT_OPS, Value, bool_only_refusal, literal
+from .values import BOOL_ONLY_OPS, DIRECT_OPS, Value, bool_only_refusal, is_ref, literal
 
 
 class Dag:
@@ -22,6 +22,9 @@ class Dag:
         self.aliases: dict[int, int] = {}  # loads served from values of this kernel (``set_aliases``)
         for ni, node in enumerate(spec.nodes):
             self._add_node(ni, node)
+        self._extents()
+        if self._lift_index_data():
+            self._renumber()
         self._annotate()
 
     def _new(self, op: str, args: list[Any], dtype: str | None, node: int, **attrs: Any) -> int:
@@ -39,12 +42,13 @@ class Dag:
     def _cse_key(self, op: str, args: list[Any], dtype: str | None, node: int, attrs: dict[str, Any]):
         if op in ("store", "reduction", "indirect"):
             return None
-        if op in ("load", "static"):
+        if op in ("load", "static", "iindex"):
             if "ind" in attrs["index"]:  # indirect symbols are per node
                 return None
             n = self.spec.nodes[node]
             space = (n.placement, tuple(n.sizes), tuple(n.reduction_sizes))
-            return (op, attrs["index"], attrs.get("buffer"), tuple(attrs.get("guards", [])), dtype, space)
+            return (op, attrs["index"], attrs.get("buffer"), tuple(attrs.get("guards", [])), attrs.get("over"), dtype,
+                    space)
         if op == "const":
             return (op, repr(args[0]), type(args[0]).__name__, dtype)
         return (op, tuple(args), dtype, tuple(sorted((k, repr(v)) for k, v in attrs.items())))
@@ -133,6 +137,90 @@ class Dag:
             return self._new("floordiv", [multiple, args[1]], dtype, ni)
         raise LoweringError(f"pointwise op {op!r} has no Spyre lowering yet")
 
+    # --- index values used as data ---------------------------------------------------------------
+    def _lift_index_data(self) -> bool:
+        """Index-only values a computed value reads as data (sinusoidal positions, ``arange * 0.5``) are
+        computed on the card instead of by the compiler: every ``index_expr`` under them becomes an
+        ``iindex`` value (a view of the core's iota of consecutive integers, ``emit.py``) and the ops
+        above it run over whole boxes. Left static (uniform within each box, evaluated here): a
+        ``where``'s condition, masks, indirect indices and bool values (comparisons change value at a
+        few hyperplanes, so cutting boxes there is cheaper than computing them). Under a static
+        ``where`` each branch's values carry its condition (or its negation) as a guard, so the branch a
+        box does not take is not computed there (a padding of positions computes nothing). True when
+        something was lifted."""
+        memo: dict[tuple[int, tuple[int, ...], str], int] = {}  # (gid, guards, extent) -> its copy
+        lifted = False
+        for v in list(self.values):
+            if v.extent in ("static", "scalar") or v.op in ("load", "indirect"):
+                continue
+            for i, a in enumerate(v.args):
+                if not is_ref(a) or self.values[a].extent != "static" or (v.op == "where" and i == 0):
+                    continue
+                new = self._lift(a, (), v.extent, memo)
+                if new != a:
+                    v.args[i] = new
+                    lifted = True
+        return lifted
+
+    def _lift(self, gid: int, guards: tuple[int, ...], over: str, memo: dict) -> int:
+        """The on-card copy of static value ``gid`` under ``guards`` over the ``over`` extent ("full" or
+        "outer": its user's), or ``gid`` itself when it stays static."""
+        key = (gid, guards, over)
+        if key in memo:
+            return memo[key]
+        v = self.values[gid]
+        out = gid
+        index = v
+        if v.op == "to_dtype" and v.dtype in ("float32", "int32", "int64"):
+            # the iota's int64 values round once into the value's dtype, as the cast would
+            index = self.values[v.args[0]]
+        if index.op == "static" and index.attrs.get("kind") == "index" and v.dtype != "bool":
+            out = self._new("iindex", [], v.dtype, v.node, index=index.attrs["index"], guards=list(guards), over=over)
+        elif v.op not in ("const", "static", "indirect") and v.dtype != "bool" and v.extent == "static":
+            if v.op == "where":
+                c = v.args[0]
+                neg = self._new("logical_not", [c], "bool", v.node)
+                args = [c, self._lift(v.args[1], guards + (c,), over, memo),
+                        self._lift(v.args[2], guards + (neg,), over, memo)]
+            else:
+                args = [self._lift(a, guards, over, memo) for a in v.args]
+            if args != v.args:
+                out = self._new(v.op, args, v.dtype, v.node, **v.attrs)
+        memo[key] = out
+        return out
+
+    def _renumber(self) -> None:
+        """Gids in topological order again after lifting (lifted values were appended after their users):
+        the scheduler computes a step's values in gid order."""
+        order: list[int] = []
+        state: dict[int, bool] = {}
+        for root in range(len(self.values)):
+            stack = [(root, False)]
+            while stack:
+                g, done = stack.pop()
+                if done:
+                    order.append(g)
+                    state[g] = True
+                    continue
+                if g in state:
+                    continue
+                state[g] = False
+                v = self.values[g]
+                stack.append((g, True))
+                deps = self.inputs(v) + list(v.attrs.get("guards", []))
+                stack.extend((d, False) for d in reversed(deps) if d not in state)
+        new = {old: i for i, old in enumerate(order)}
+        values = [self.values[g] for g in order]
+        for v in values:
+            v.gid = new[v.gid]
+            if v.op != "const":
+                v.args = [new[a] if is_ref(a) else a for a in v.args]
+            if "guards" in v.attrs:
+                v.attrs["guards"] = [new[g] for g in v.attrs["guards"]]
+        self.values = values
+        self.stored = {b: [new[g] for g in gs] for b, gs in self.stored.items()}
+        self._cse = {k: new[g] for k, g in self._cse.items()}
+
     # --- extents and phases ---------------------------------------------------------------------
     def _extents(self) -> None:
         placements = [n.placement for n in self.spec.nodes]
@@ -148,6 +236,8 @@ class Dag:
                 v.extent = "static"
             elif v.op == "rindex":
                 v.extent = "full"
+            elif v.op == "iindex":
+                v.extent = v.attrs["over"]
             elif v.op == "load":
                 v.extent = "full" if node_full else "outer"
             elif v.op == "reduction":
@@ -186,7 +276,7 @@ class Dag:
             v.args = [c(a) for a in v.args]
             if "guards" in v.attrs:
                 v.attrs["guards"] = [c(g) for g in v.attrs["guards"]]
-            if v.op in ("store", "reduction", "indirect", "load", "static") or v.gid in canon:
+            if v.op in ("store", "reduction", "indirect", "load", "static", "iindex") or v.gid in canon:
                 continue
             key = (v.op, tuple(v.args), v.dtype)
             if key in seen:
@@ -238,13 +328,14 @@ class Dag:
         aliases = self.aliases
         for v in self.values:
             # A load served from scratchpad reads nothing out of range: its masks do not restrict it.
-            g = set(v.attrs.get("guards", [])) if v.op == "load" and v.gid not in aliases else set()
+            g = set(v.attrs.get("guards", [])) if v.op in ("load", "iindex") and v.gid not in aliases else set()
             ins = self.inputs(v)
             if v.op == "where":
                 c = ins[0]
                 g |= self.values[c].guards
-                for a in ins[1:]:
-                    g |= self.values[a].guards - {c}
+                for a in ins[1:]:  # a branch's condition (lifted values: or its negation) holds where it is taken
+                    g |= {x for x in self.values[a].guards
+                          if x != c and not (self.values[x].op == "logical_not" and self.values[x].args == [c])}
             else:
                 for a in ins:
                     g |= self.values[a].guards

@@ -1,7 +1,8 @@
 """Instruction emission: a core's steps become DMA loads (double-buffered, one group ahead), one vector
 instruction per box for every materialized value (op-major, so intermediate buffers live only while
 needed), and stores through staging sticks (read-modify-write of sticks a step writes only partly).
-Reductions and the reduction-position iota are in ``reduce.py``."""
+Loop indices used as data are views of the core's index iota. Reductions and the reduction-position
+iota are in ``reduce.py``."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import numpy as np
 from ....program import STICK_BYTES, Addr, DmaLoad, DmaStore, Elementwise, Scalar
 from ....card.layout import sorted_unique
 from ...kernel_ir import LoweringError
-from .analysis import AccessInTile, Box, Chunk
+from .analysis import AccessInTile, Box, Chunk, iota_view
 from .fold import fold_scalar
 from .schedule import Step
 from .sym import Sym, SymInstr, dense, fit_input
-from .values import Value, acc_dtype, is_ref
+from .values import Value, acc_dtype, is_ref, itemsize
 
 
 class Emitter:
@@ -30,6 +31,7 @@ class Emitter:
         self._pos = 0
         self._tile = None
         self._iota_base: int | None = None  # first reduction position the core's iota holds
+        self._index_iota = 0  # how many consecutive integers the core's index iota holds
         owners = [s for s in steps if s.load_from is s and s.loads]  # type: ignore[attr-defined]
         index = {id(o): i for i, o in enumerate(owners)}
         loaded: set[int] = set()
@@ -239,6 +241,9 @@ class Emitter:
         if self._guarded_off(v, box):
             return  # the value does not exist here (a masked branch that is not taken)
         dst = self._staging_view(self.direct[v.gid], s, box) if v.gid in self.direct else self.view(v.gid, s, box)
+        if v.op == "iindex":
+            self._emit_index_box(v, s, box, dst, out)
+            return
         ins = [self.view(a, s, box) if is_ref(a) else Scalar(a) for a in v.args]
         op = v.op
         if op == "to_dtype":
@@ -249,6 +254,42 @@ class Emitter:
             return
         self._add(out, Elementwise, op=op, out=dst, inputs=tuple(fit_input(x, dst) for x in ins))
 
+
+    # --- index values used as data (``Dag._lift_index_data``) -----------------------------------------
+    def _emit_index_box(self, v: Value, s: Step, box: Box, dst: Sym, out: list[SymInstr]) -> None:
+        """An index affine over the box (``base + sum(i_d * strides_d)``, fitted by ``KernelGen._box``) as one
+        instruction over a view of the core's iota: ``iota_view * g + offset`` (``analysis.iota_view``). The
+        iota is int64, so the index is exact at any size and rounds once into a float value's dtype, as
+        torch's cast of an int64 ``arange`` does."""
+        rel, strides = box.views[v.gid]
+        base = int(rel) + s.chunk.index_base[v.gid]
+        shape, _ = box.refined
+        g, first, unit = iota_view(strides, shape)
+        if g == 0:
+            self._add(out, Elementwise, op="copy", out=dst, inputs=(Scalar(base),))
+            return
+        self._ensure_index_iota(first + 1 + sum(max(0, st) * (n - 1) for st, n in zip(unit, shape)), out)
+        view = Sym("xiota", first * itemsize("int64"), "int64", shape, unit)
+        if g == 1:
+            self._add(out, Elementwise, op="add", out=dst, inputs=(view, Scalar(base - first)))
+        else:
+            self._add(out, Elementwise, op="fma", out=dst, inputs=(view, Scalar(g), Scalar(base - g * first)))
+
+    def _ensure_index_iota(self, n: int, out: list[SymInstr]) -> None:
+        """Make the core's index iota hold 0 .. n-1: started once per core and extended by doubling
+        (``[0, k) + k``: log2(n) instructions for n element-ops), never shifted."""
+        k = self._index_iota
+        if k >= n:
+            return
+        run = lambda at, m: Sym("xiota", at * itemsize("int64"), "int64", (m,), (1,))  # noqa: E731
+        if k == 0:
+            self._add(out, Elementwise, op="copy", out=run(0, 1), inputs=(Scalar(0),))
+            k = 1
+        while k < n:
+            m = min(k, n - k)
+            self._add(out, Elementwise, op="add", out=run(k, m), inputs=(run(0, m), Scalar(k)))
+            k += m
+        self._index_iota = k
 
     # --- stores --------------------------------------------------------------------------------------
     def _prepare_store(self, g: int, ch: Chunk, out: list[SymInstr]) -> None:

@@ -123,7 +123,7 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
         xs = tuple(spec.x_sizes)
         ch = Chunk(0, 0, tuple(0 for _ in xs), xs, tuple(0 for _ in spec.r_sizes), tuple(spec.r_sizes))
         ch.accessed = [v.gid for v in self.dag.values if v.op in ("load", "store")]
-        self.analyse(ch, outer_only=True)
+        self.analyse(ch, outer_only=True, with_boxes=False, host_only=True)
         aliases = {g: a.alias for g, a in ch.accesses.items() if a.alias is not None}
         self._merge_equal_loads(ch, aliases)
         return aliases
@@ -419,7 +419,7 @@ class PointwiseGenerator(Emitter, Reducer, KernelGen):
         bufs = []
         for name, n in sorted(size.items()):
             lo, hi = first[name], last[name]
-            if name.startswith(("ld", "st")) or name == "iota" or (
+            if name.startswith(("ld", "st")) or name in ("iota", "xiota") or (
                     name.startswith("v") and self.dag.values[int(name[1:])].op == "reduction"):
                 lo, hi = -1, 1 << 30  # loads are double-buffered across tiles; accumulators span the tile
             elif self.dag.values[int(name[1:].split(".")[0])].extent == "outer" if name.startswith("v") else False:

@@ -1,5 +1,5 @@
 """Symbolic scratchpad tensors: instructions are emitted over named buffers (``ld<gid>.<parity>``,
-``st<gid>``, ``v<gid>``, ``iota``, ...) whose offsets the liveness plan fixes after emission."""
+``st<gid>``, ``v<gid>``, ``iota``, ``xiota``, ...) whose offsets the liveness plan fixes after emission."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ MAX_BOXES_PER_TILE = 4096
 @dataclass
 class Value:
     gid: int
-    op: str  # "load", "store", "const", "static", "reduction", "alias", or a program op
+    op: str  # "load", "store", "const", "static", "iindex", "reduction", "alias", or a program op
     args: list[Any]  # gids of inputs (ints) or literals
     dtype: str | None  # Inductor dtype name
     node: int
