@@ -9,13 +9,15 @@ bytes, races, deadlocks), so once one checked run has passed, later runs skip th
   cores ``c0, c0 + s, c0 + 2s, ...`` (whose device offsets also step evenly) run as *one* numpy operation
   over a strided view spanning those cores' scratchpads (one block, a row per core);
 - a DMA is one strided copy between that view and the device buffer, whatever the number of cores;
-- DLFloat16 is decoded and rounded once per batched tensor, not per core or per stick;
+- DLFloat16 is decoded and rounded once per batched tensor, not per core or per stick; when every core's
+  tile of a batched read holds the same bits (checked at each run, until they once differ), one core's
+  tile is decoded and broadcast over the cores axis (a read-only, stride-0 view);
 - consecutive alike vector instructions of one core are first joined into one (``runs``).
 
 Bit identity: an elementwise op's result for one element does not depend on where it sits in the array
 (``tests/card/test_vector_ops.py`` checks it for each op, NaNs included; every computed NaN is written as
 one NaN); a batched matmul is numpy's stack of one single-threaded BLAS GEMM per core, of the checked
-executor's shapes. Reductions and the ops torch computes (``vector_ops.POSITION_DEPENDENT_OPS``) run core
+executor's shapes (a stride-0 batch operand too: numpy decides BLAS per item from the item's strides). Reductions and the ops torch computes (``vector_ops.POSITION_DEPENDENT_OPS``) run core
 by core on the checked executor's very shapes: how an array is walked decides the order of numpy's sums,
 which NaN a max returns, and how torch rounds an array's tail.
 A single core's instruction uses exactly the checked executor's views. What depends on data is still
@@ -52,6 +54,10 @@ class FastPlan:
         self.steps: list[Step] = []
         # Decoded DLFloat16 tiles shared by the steps of one run (see :meth:`_reader`): slot -> array.
         self._slots: list[np.ndarray | None] = []
+        # Counted over all runs, to show the decoding work (tests, benchmarks): elements decoded, and
+        # batched reads whose cores held identical bits, decoded as one core's tile (see :meth:`_reader`).
+        self.decoded_elements = 0
+        self.replicated_reads = 0
         self._fresh: dict[tuple, int] = {}  # tile key -> its slot, while nothing has written its bytes
         self._fresh_on: dict[int, dict[tuple, tuple[int, int]]] = {}  # core -> {tile key: byte span}
         # Each DMA'd operand's allocation is found once per run, not per DMA step (see :meth:`_regions_of`):
@@ -174,18 +180,29 @@ class FastPlan:
         for c in key[0]:
             self._fresh_on.setdefault(c, {})[key] = span
 
-        if 0 in view.strides and view.size:
-            # A broadcast view (a bias over rows): decode each distinct element once, then broadcast.
-            compact = view[tuple(slice(0, 1) if st == 0 else slice(None) for st in view.strides)]
-
-            def decode_broadcast() -> np.ndarray:
-                slots[slot] = values = np.broadcast_to(vector_ops.decode(compact, "dlfloat16"), view.shape)
-                return values
-
-            return decode_broadcast
+        # A broadcast view (a bias over rows): decode each distinct element once, then broadcast.
+        compact = view[tuple(slice(0, 1) if st == 0 else slice(None) for st in view.strides)] \
+            if 0 in view.strides and view.size else view
+        shape = view.shape
+        # Several cores often hold the very same bits (a matmul's A tile, loaded by every core owning an
+        # N slice): then one core's tile is decoded and broadcast over the cores axis. The bits decide at
+        # every run; a slot seen to differ once stops paying the comparison (~1/10 of a decode).
+        alike = len(run) > 1 and compact.size > 0
 
         def decode() -> np.ndarray:
-            slots[slot] = values = vector_ops.decode(view, "dlfloat16")
+            nonlocal alike
+            part = compact
+            if alike:
+                if (compact == compact[:1]).all():
+                    part = compact[:1]
+                    self.replicated_reads += 1
+                else:
+                    alike = False
+            values = vector_ops.decode(part, "dlfloat16")
+            self.decoded_elements += values.size
+            if part is not view:  # read-only, stride 0: no step writes what it reads
+                values = np.broadcast_to(values, shape)
+            slots[slot] = values
             return values
 
         return decode
