@@ -183,6 +183,47 @@ def test_cores_holding_the_same_tile_decode_it_once(card):
     assert plan.decoded_elements == 3 * (a_elems + b_elems) + 6 * a_elems
 
 
+def test_a_tile_holding_bits_decoded_earlier_takes_their_values(card):
+    """Core 1 reads its copy of A two rounds after core 0 decoded its own (core 1 waits for core 0's
+    signal): equal bits take core 0's values, one element changed in core 1's copy decodes it, and once
+    a read was seen to differ the plan stops comparing it. Every run's bytes are the checked executor's."""
+    A = SpTensor(0, "dlfloat16", (8, 64), (64, 1))
+    out = SpTensor(1024, "dlfloat16", (8, 64), (64, 1))
+    program = Program("same_bits", [Operand("a", 2048), Operand("y", 2048, access="out")], {
+        0: [DmaLoad(Addr("a", 0), 0, DmaPattern.contiguous(8)), Elementwise("exp", out, (A,)), Signal(1, tag=1),
+            DmaStore(Addr("y", 0), out.offset, DmaPattern.contiguous(8))],
+        1: [DmaLoad(Addr("a", 1024), 0, DmaPattern.contiguous(8)), Wait(0, tag=1), Elementwise("neg", out, (A,)),
+            DmaStore(Addr("y", 1024), out.offset, DmaPattern.contiguous(8))]})
+    plan = FastPlan(program, card)
+    assert plan.tile_decodes == 2
+    same = np.tile(_random_bytes(1024, "dlfloat16", 8), 2)
+    differs = same.copy()
+    differs[1024 + 1000] ^= 0x04  # core 1's copy, one element's mantissa
+
+    assert_identical(both_ways(card, program, {"a": same}, plan))
+    assert (plan.reused_tiles, plan.decoded_elements) == (1, 512)
+    assert_identical(both_ways(card, program, {"a": differs}, plan))
+    assert (plan.reused_tiles, plan.decoded_elements) == (1, 512 + 1024)
+    assert_identical(both_ways(card, program, {"a": same}, plan))
+    assert (plan.reused_tiles, plan.decoded_elements) == (1, 512 + 2 * 1024)  # not compared again
+
+
+def test_a_tile_rewritten_since_it_was_decoded_is_not_taken(card):
+    """Core 0 decodes X, then loads Y over it; core 1 reads its own copy of Y afterwards. Core 0's
+    bytes now equal core 1's, but its decoded values are X's: they are not a candidate."""
+    A = SpTensor(0, "dlfloat16", (8, 64), (64, 1))
+    out = SpTensor(1024, "dlfloat16", (8, 64), (64, 1))
+    program = Program("rewritten", [Operand("a", 2048), Operand("y", 2048, access="out")], {
+        0: [DmaLoad(Addr("a", 0), 0, DmaPattern.contiguous(8)), Elementwise("exp", out, (A,)),
+            DmaLoad(Addr("a", 1024), 0, DmaPattern.contiguous(8)), Signal(1, tag=1),
+            DmaStore(Addr("y", 0), out.offset, DmaPattern.contiguous(8))],
+        1: [DmaLoad(Addr("a", 1024), 0, DmaPattern.contiguous(8)), Wait(0, tag=1), Elementwise("neg", out, (A,)),
+            DmaStore(Addr("y", 1024), out.offset, DmaPattern.contiguous(8))]})
+    plan = FastPlan(program, card)
+    assert_identical(both_ways(card, program, {"a": _random_bytes(2048, "dlfloat16", 9)}, plan))
+    assert (plan.reused_tiles, plan.decoded_elements) == (0, 1024)
+
+
 def test_a_batched_matmul_over_a_broadcast_operand_is_one_gemm_per_core():
     """A replicated tile reaches np.matmul as a stride-0 batch: numpy's loop decides BLAS per item from
     the item's own strides (numpy/_core/src/umath/matmul.c.src), so each core's product is the single

@@ -9,9 +9,11 @@ bytes, races, deadlocks), so once one checked run has passed, later runs skip th
   cores ``c0, c0 + s, c0 + 2s, ...`` (whose device offsets also step evenly) run as *one* numpy operation
   over a strided view spanning those cores' scratchpads (one block, a row per core);
 - a DMA is one strided copy between that view and the device buffer, whatever the number of cores;
-- DLFloat16 is decoded and rounded once per batched tensor, not per core or per stick; when every core's
-  tile of a batched read holds the same bits (checked at each run, until they once differ), one core's
-  tile is decoded and broadcast over the cores axis (a read-only, stride-0 view);
+- DLFloat16 is decoded and rounded once per batched tensor, not per core or per stick, and not again
+  where the bits were decoded already: when every core's tile of a batched read holds the same bits, one
+  core's tile is decoded and broadcast over the cores axis (a read-only, stride-0 view); a tile whose
+  bits equal those of a tile an earlier step decoded (one nothing has rewritten since: known at planning)
+  takes its values. The bits are compared at every run, until they once differ;
 - consecutive alike vector instructions of one core are first joined into one (``runs``).
 
 Bit identity: an elementwise op's result for one element does not depend on where it sits in the array
@@ -40,6 +42,9 @@ from .schedule import Group, lockstep_rounds
 from .state import ExecutionError, Scratchpads, scratchpads
 
 Step = Callable[[Any, dict], None]  # (device memory, dma_addresses) -> None
+# Earlier decoded tiles a read compares its bits with at its first run (per core; then only the one that
+# matched): bounds the first run's comparisons where many tiles share a shape.
+SAME_BITS_CANDIDATES = 8
 
 
 class FastPlan:
@@ -54,12 +59,15 @@ class FastPlan:
         self.steps: list[Step] = []
         # Decoded DLFloat16 tiles shared by the steps of one run (see :meth:`_reader`): slot -> array.
         self._slots: list[np.ndarray | None] = []
-        # Counted over all runs, to show the decoding work (tests, benchmarks): elements decoded, and
-        # batched reads whose cores held identical bits, decoded as one core's tile (see :meth:`_reader`).
+        # Counted over all runs, to show the decoding work (tests, benchmarks): elements decoded, batched
+        # reads whose cores held identical bits (decoded as one core's tile), and cores' tiles whose values
+        # came from an earlier read holding the same bits (see :meth:`_reader`).
         self.decoded_elements = 0
         self.replicated_reads = 0
+        self.reused_tiles = 0
         self._fresh: dict[tuple, int] = {}  # tile key -> its slot, while nothing has written its bytes
         self._fresh_on: dict[int, dict[tuple, tuple[int, int]]] = {}  # core -> {tile key: byte span}
+        self._fresh_by_geometry: dict[tuple, dict[tuple, int]] = {}  # (shape, strides) -> {fresh key: slot}
         # Each DMA'd operand's allocation is found once per run, not per DMA step (see :meth:`_regions_of`):
         # operand index -> one of its DMAs (core, program index, byte offset into the operand), and that
         # run's (host buffer, byte offset of the operand's base in it).
@@ -175,7 +183,10 @@ class FastPlan:
             return lambda: slots[slot]
         slot = len(slots)
         slots.append(None)
+        # Earlier tiles of this geometry whose bytes nothing has rewritten: one may hold the same bits.
+        earlier = self._same_bits_candidates(run, t) if view.size else None
         self._fresh[key] = slot
+        self._fresh_by_geometry.setdefault(key[2:], {})[key] = slot
         span = t.byte_span()
         for c in key[0]:
             self._fresh_on.setdefault(c, {})[key] = span
@@ -184,20 +195,39 @@ class FastPlan:
         compact = view[tuple(slice(0, 1) if st == 0 else slice(None) for st in view.strides)] \
             if 0 in view.strides and view.size else view
         shape = view.shape
+        batched = len(run) > 1
+        per_core = [view[j] for j in range(len(run))] if batched else [view]
         # Several cores often hold the very same bits (a matmul's A tile, loaded by every core owning an
-        # N slice): then one core's tile is decoded and broadcast over the cores axis. The bits decide at
-        # every run; a slot seen to differ once stops paying the comparison (~1/10 of a decode).
-        alike = len(run) > 1 and compact.size > 0
+        # N slice): then one core's tile is decoded and broadcast over the cores axis. And a core's tile
+        # often holds bits an earlier step of the run decoded (an A tile passed on over the ring, a weight
+        # tile loaded again): its values are taken from there. The bits decide at every run (a comparison
+        # costs ~1/10 of a decode); a read seen to differ once stops paying for the comparison.
+        alike = batched and compact.size > 0
 
         def decode() -> np.ndarray:
-            nonlocal alike
-            part = compact
+            nonlocal alike, earlier
+            one = not batched  # one core's tile to find: the read's, or every core's when they are alike
             if alike:
                 if (compact == compact[:1]).all():
-                    part = compact[:1]
+                    one = True
                     self.replicated_reads += 1
                 else:
                     alike = False
+            if earlier:
+                tiles = []
+                for j in range(1 if one else len(run)):
+                    hit = _same_bits(per_core[j], earlier[j], slots)
+                    if hit is None:
+                        earlier = None
+                        break
+                    earlier[j] = [earlier[j][hit[0]]]  # the tile that matched is the one to compare next run
+                    tiles.append(hit[1])
+                else:
+                    self.reused_tiles += len(tiles)
+                    values = tiles[0] if not batched else np.broadcast_to(tiles[0], shape) if one else np.stack(tiles)
+                    slots[slot] = values
+                    return values
+            part = compact[:1] if one and batched else compact
             values = vector_ops.decode(part, "dlfloat16")
             self.decoded_elements += values.size
             if part is not view:  # read-only, stride 0: no step writes what it reads
@@ -207,6 +237,24 @@ class FastPlan:
 
         return decode
 
+    def _same_bits_candidates(self, run: Sequence[tuple[int, int]], t: SpTensor) -> list[list[tuple]]:
+        """For each core of ``run``: the tiles of ``t``'s shape and strides decoded by earlier reads whose
+        bytes no step has rewritten since (nearest first, at most ``SAME_BITS_CANDIDATES``), as
+        (slot, that core's index in the slot's values or None for a single core's, the tile's view)."""
+        fresh = list(self._fresh_by_geometry.get((t.shape, t.strides), {}).items())[::-1]
+        strides = tuple(s * t.itemsize for s in t.strides)
+        dtype = vector_ops.NP_DTYPES[t.dtype]
+        found = []
+        for _ in run:
+            mine = []
+            for key, slot in fresh:
+                for j, c in enumerate(key[0]):
+                    if len(mine) < SAME_BITS_CANDIDATES:
+                        mine.append((slot, j if len(key[0]) > 1 else None,
+                                     self._pad_view([(c, 0)], key[1], t.shape, strides, dtype)))
+            found.append(mine)
+        return found
+
     def _wrote(self, cores: Sequence[int], lo: int, hi: int) -> None:
         """The step being planned writes scratchpad bytes [lo, hi) of ``cores``: tiles decoded from them
         are stale for the steps after it."""
@@ -214,6 +262,7 @@ class FastPlan:
             for key, (klo, khi) in list(self._fresh_on.get(c, {}).items()):
                 if klo < hi and lo < khi:
                     self._fresh.pop(key, None)
+                    self._fresh_by_geometry[key[2:]].pop(key, None)
                     for k in key[0]:
                         self._fresh_on[k].pop(key, None)
 
@@ -416,6 +465,16 @@ def _computes_in_fp32(ins: Elementwise) -> bool:
         return False
     tensors = [x for x in ins.inputs if isinstance(x, SpTensor)]
     return bool(tensors) and all(x.dtype in vector_ops.FLOAT_DTYPES for x in tensors)
+
+
+def _same_bits(tile: np.ndarray, candidates: list[tuple], slots: list) -> tuple[int, np.ndarray] | None:
+    """The first candidate (see ``FastPlan._same_bits_candidates``) already decoded this run whose bits
+    are ``tile``'s: (its index, its decoded values), or None."""
+    for k, (slot, j, bits) in enumerate(candidates):
+        values = slots[slot]
+        if values is not None and tile.item(0) == bits.item(0) and (tile == bits).all():
+            return k, values if j is None else values[j]
+    return None
 
 
 def _byte_offset(view: np.ndarray, block: np.ndarray) -> int:
