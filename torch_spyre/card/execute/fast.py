@@ -241,19 +241,16 @@ class FastPlan:
         """For each core of ``run``: the tiles of ``t``'s shape and strides decoded by earlier reads whose
         bytes no step has rewritten since (nearest first, at most ``SAME_BITS_CANDIDATES``), as
         (slot, that core's index in the slot's values or None for a single core's, the tile's view)."""
-        fresh = list(self._fresh_by_geometry.get((t.shape, t.strides), {}).items())[::-1]
         strides = tuple(s * t.itemsize for s in t.strides)
         dtype = vector_ops.NP_DTYPES[t.dtype]
         found = []
-        for _ in run:
-            mine = []
-            for key, slot in fresh:
-                for j, c in enumerate(key[0]):
-                    if len(mine) < SAME_BITS_CANDIDATES:
-                        mine.append((slot, j if len(key[0]) > 1 else None,
-                                     self._pad_view([(c, 0)], key[1], t.shape, strides, dtype)))
-            found.append(mine)
-        return found
+        for key, slot in reversed(self._fresh_by_geometry.get((t.shape, t.strides), {}).items()):
+            for j, c in enumerate(key[0]):
+                found.append((slot, j if len(key[0]) > 1 else None,
+                              self._pad_view([(c, 0)], key[1], t.shape, strides, dtype)))
+                if len(found) == SAME_BITS_CANDIDATES:
+                    return [list(found) for _ in run]
+        return [list(found) for _ in run]
 
     def _wrote(self, cores: Sequence[int], lo: int, hi: int) -> None:
         """The step being planned writes scratchpad bytes [lo, hi) of ``cores``: tiles decoded from them
