@@ -224,6 +224,32 @@ def test_a_tile_rewritten_since_it_was_decoded_is_not_taken(card):
     assert (plan.reused_tiles, plan.decoded_elements) == (0, 1024)
 
 
+def test_a_buffer_loaded_again_with_bits_it_held_before_takes_their_values(card):
+    """Core 0 loads X, Y, then X again into one buffer, reading it after each load: the third read
+    takes the first's values (kept with a copy of its raw bits); with one element of the third load
+    changed it is decoded, and once it was seen to differ the plan stops comparing it."""
+    A = SpTensor(0, "dlfloat16", (8, 64), (64, 1))
+    outs = [SpTensor(1024 * (k + 1), "dlfloat16", (8, 64), (64, 1)) for k in range(3)]
+    core0 = []
+    for k, op in enumerate(["exp", "neg", "abs"]):
+        core0 += [DmaLoad(Addr("a", 1024 * k), 0, DmaPattern.contiguous(8)), Elementwise(op, outs[k], (A,))]
+    program = Program("turns", [Operand("a", 3072), Operand("y", 3072, access="out")],
+                      {0: [*core0, DmaStore(Addr("y", 0), 1024, DmaPattern.contiguous(24))]})
+    plan = FastPlan(program, card)
+    assert plan.tile_decodes == 3
+    x, y = _random_bytes(1024, "dlfloat16", 10), _random_bytes(1024, "dlfloat16", 11)
+    again = np.concatenate([x, y, x])
+    changed = again.copy()
+    changed[2048 + 700] ^= 0x02
+
+    assert_identical(both_ways(card, program, {"a": again}, plan))
+    assert (plan.reused_tiles, plan.decoded_elements) == (1, 1024)
+    assert_identical(both_ways(card, program, {"a": changed}, plan))
+    assert (plan.reused_tiles, plan.decoded_elements) == (1, 1024 + 1536)
+    assert_identical(both_ways(card, program, {"a": again}, plan))
+    assert (plan.reused_tiles, plan.decoded_elements) == (1, 1024 + 2 * 1536)  # not compared again
+
+
 def test_a_batched_matmul_over_a_broadcast_operand_is_one_gemm_per_core():
     """A replicated tile reaches np.matmul as a stride-0 batch: numpy's loop decides BLAS per item from
     the item's own strides (numpy/_core/src/umath/matmul.c.src), so each core's product is the single

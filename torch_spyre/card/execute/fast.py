@@ -12,8 +12,9 @@ bytes, races, deadlocks), so once one checked run has passed, later runs skip th
 - DLFloat16 is decoded and rounded once per batched tensor, not per core or per stick, and not again
   where the bits were decoded already: when every core's tile of a batched read holds the same bits, one
   core's tile is decoded and broadcast over the cores axis (a read-only, stride-0 view); a tile whose
-  bits equal those of a tile an earlier step decoded (one nothing has rewritten since: known at planning)
-  takes its values. The bits are compared at every run, until they once differ;
+  bits equal those of a tile an earlier step decoded (one nothing has rewritten since: known at planning;
+  or this very tile before steps rewrote it, whose raw bits are copied to compare with) takes its
+  values. The bits are compared at every run, until they once differ;
 - consecutive alike vector instructions of one core are first joined into one (``runs``).
 
 Bit identity: an elementwise op's result for one element does not depend on where it sits in the array
@@ -68,6 +69,11 @@ class FastPlan:
         self._fresh: dict[tuple, int] = {}  # tile key -> its slot, while nothing has written its bytes
         self._fresh_on: dict[int, dict[tuple, tuple[int, int]]] = {}  # core -> {tile key: byte span}
         self._fresh_by_geometry: dict[tuple, dict[tuple, int]] = {}  # (shape, strides) -> {fresh key: slot}
+        self._stale: dict[tuple, list[int]] = {}  # tile key -> its earlier slots, whose bytes were rewritten
+        # Slots whose raw bits later reads of the rewritten tile compare with: slot -> this run's copy,
+        # and how many reads still compare with it.
+        self._bits: dict[int, np.ndarray | None] = {}
+        self._bits_users: dict[int, int] = {}
         # Each DMA'd operand's allocation is found once per run, not per DMA step (see :meth:`_regions_of`):
         # operand index -> one of its DMAs (core, program index, byte offset into the operand), and that
         # run's (host buffer, byte offset of the operand's base in it).
@@ -104,6 +110,7 @@ class FastPlan:
                     step(memory, dma_addresses)
             finally:
                 self._slots[:] = [None] * len(self._slots)
+                self._bits.update(dict.fromkeys(self._bits))
                 self._regions[:] = [None] * len(self._regions)
 
     def _regions_of(self, memory: Any, dma_addresses: dict) -> None:
@@ -185,6 +192,13 @@ class FastPlan:
         slots.append(None)
         # Earlier tiles of this geometry whose bytes nothing has rewritten: one may hold the same bits.
         earlier = self._same_bits_candidates(run, t) if view.size else None
+        # This very tile, decoded before steps rewrote its bytes (often with the same bits: a weight tile
+        # loaded again, into a buffer that takes turns): their raw bits are kept to compare with.
+        before = self._stale.get(key, [])[::-1][:SAME_BITS_CANDIDATES] if view.size else []
+        bits, users = self._bits, self._bits_users
+        for b in before:
+            bits[b] = None
+            users[b] = users.get(b, 0) + 1
         self._fresh[key] = slot
         self._fresh_by_geometry.setdefault(key[2:], {})[key] = slot
         span = t.byte_span()
@@ -205,7 +219,25 @@ class FastPlan:
         alike = batched and compact.size > 0
 
         def decode() -> np.ndarray:
-            nonlocal alike, earlier
+            values = find()
+            if slot in bits:
+                bits[slot] = np.array(view)
+            slots[slot] = values
+            return values
+
+        def find() -> np.ndarray:
+            nonlocal alike, earlier, before
+            if before:
+                for k, b in enumerate(before):
+                    old = bits[b]
+                    if old is not None and old.flat[0] == view.flat[0] and (view == old).all():
+                        self._stop_comparing(before[:k] + before[k + 1:])
+                        before = [b]  # the one that matched is the one to compare next run
+                        self.reused_tiles += len(run)
+                        return slots[b]
+                if all(bits[b] is not None for b in before):  # all seen to differ: stop comparing
+                    self._stop_comparing(before)
+                    before = []
             one = not batched  # one core's tile to find: the read's, or every core's when they are alike
             if alike:
                 if (compact == compact[:1]).all():
@@ -224,18 +256,22 @@ class FastPlan:
                     tiles.append(hit[1])
                 else:
                     self.reused_tiles += len(tiles)
-                    values = tiles[0] if not batched else np.broadcast_to(tiles[0], shape) if one else np.stack(tiles)
-                    slots[slot] = values
-                    return values
+                    return tiles[0] if not batched else np.broadcast_to(tiles[0], shape) if one else np.stack(tiles)
             part = compact[:1] if one and batched else compact
             values = vector_ops.decode(part, "dlfloat16")
             self.decoded_elements += values.size
             if part is not view:  # read-only, stride 0: no step writes what it reads
                 values = np.broadcast_to(values, shape)
-            slots[slot] = values
             return values
 
         return decode
+
+    def _stop_comparing(self, slots: Sequence[int]) -> None:
+        """A read stops comparing with these slots' raw bits: a slot no read compares with is not copied."""
+        for b in slots:
+            self._bits_users[b] -= 1
+            if not self._bits_users[b]:
+                del self._bits_users[b], self._bits[b]
 
     def _same_bits_candidates(self, run: Sequence[tuple[int, int]], t: SpTensor) -> list[list[tuple]]:
         """For each core of ``run``: the tiles of ``t``'s shape and strides decoded by earlier reads whose
@@ -258,7 +294,9 @@ class FastPlan:
         for c in cores:
             for key, (klo, khi) in list(self._fresh_on.get(c, {}).items()):
                 if klo < hi and lo < khi:
-                    self._fresh.pop(key, None)
+                    stale = self._fresh.pop(key, None)
+                    if stale is not None:
+                        self._stale.setdefault(key, []).append(stale)
                     self._fresh_by_geometry[key[2:]].pop(key, None)
                     for k in key[0]:
                         self._fresh_on[k].pop(key, None)
