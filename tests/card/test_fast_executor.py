@@ -25,6 +25,7 @@ from torch_spyre.card.execute import (
     execute,
     resolve_addresses,
 )
+from torch_spyre.card.execute import fast
 from torch_spyre.card.execute.proof import overlap_signature
 from torch_spyre.card.execute.schedule import lockstep_rounds
 from torch_spyre.card.validate import validate
@@ -154,11 +155,12 @@ def _replicated_a_program(cores: int = 4) -> Program:
                                     Operand("y", cores * 3072, access="out")], prog)
 
 
-def test_cores_holding_the_same_tile_decode_it_once(card):
+def test_cores_holding_the_same_tile_decode_it_once(card, monkeypatch):
     """Four cores' A tiles hold the same bits: the batched read decodes one core's tile (a quarter of
     the elements) and broadcasts it; with one element of one core's copy changed, every core's tile is
     decoded, and once a tile was seen to differ the plan stops comparing it. Every run's bytes are the
     checked executor's."""
+    monkeypatch.setattr(fast, "SAME_BITS_MIN_ELEMENTS", 0)  # these tiles are small
     program, cores = _replicated_a_program(), 4
     plan = FastPlan(program, card)
     assert len(plan.steps) == 5 and plan.tile_decodes == 2  # A (read twice by the add: once), B
@@ -183,10 +185,11 @@ def test_cores_holding_the_same_tile_decode_it_once(card):
     assert plan.decoded_elements == 3 * (a_elems + b_elems) + 6 * a_elems
 
 
-def test_a_tile_holding_bits_decoded_earlier_takes_their_values(card):
+def test_a_tile_holding_bits_decoded_earlier_takes_their_values(card, monkeypatch):
     """Core 1 reads its copy of A two rounds after core 0 decoded its own (core 1 waits for core 0's
     signal): equal bits take core 0's values, one element changed in core 1's copy decodes it, and once
     a read was seen to differ the plan stops comparing it. Every run's bytes are the checked executor's."""
+    monkeypatch.setattr(fast, "SAME_BITS_MIN_ELEMENTS", 0)  # these tiles are small
     A = SpTensor(0, "dlfloat16", (8, 64), (64, 1))
     out = SpTensor(1024, "dlfloat16", (8, 64), (64, 1))
     program = Program("same_bits", [Operand("a", 2048), Operand("y", 2048, access="out")], {
@@ -208,9 +211,10 @@ def test_a_tile_holding_bits_decoded_earlier_takes_their_values(card):
     assert (plan.reused_tiles, plan.decoded_elements) == (1, 512 + 2 * 1024)  # not compared again
 
 
-def test_a_tile_rewritten_since_it_was_decoded_is_not_taken(card):
+def test_a_tile_rewritten_since_it_was_decoded_is_not_taken(card, monkeypatch):
     """Core 0 decodes X, then loads Y over it; core 1 reads its own copy of Y afterwards. Core 0's
     bytes now equal core 1's, but its decoded values are X's: they are not a candidate."""
+    monkeypatch.setattr(fast, "SAME_BITS_MIN_ELEMENTS", 0)  # these tiles are small
     A = SpTensor(0, "dlfloat16", (8, 64), (64, 1))
     out = SpTensor(1024, "dlfloat16", (8, 64), (64, 1))
     program = Program("rewritten", [Operand("a", 2048), Operand("y", 2048, access="out")], {
@@ -224,10 +228,11 @@ def test_a_tile_rewritten_since_it_was_decoded_is_not_taken(card):
     assert (plan.reused_tiles, plan.decoded_elements) == (0, 1024)
 
 
-def test_a_buffer_loaded_again_with_bits_it_held_before_takes_their_values(card):
+def test_a_buffer_loaded_again_with_bits_it_held_before_takes_their_values(card, monkeypatch):
     """Core 0 loads X, Y, then X again into one buffer, reading it after each load: the third read
     takes the first's values (kept with a copy of its raw bits); with one element of the third load
     changed it is decoded, and once it was seen to differ the plan stops comparing it."""
+    monkeypatch.setattr(fast, "SAME_BITS_MIN_ELEMENTS", 0)  # these tiles are small
     A = SpTensor(0, "dlfloat16", (8, 64), (64, 1))
     outs = [SpTensor(1024 * (k + 1), "dlfloat16", (8, 64), (64, 1)) for k in range(3)]
     core0 = []
@@ -248,6 +253,14 @@ def test_a_buffer_loaded_again_with_bits_it_held_before_takes_their_values(card)
     assert (plan.reused_tiles, plan.decoded_elements) == (1, 1024 + 1536)
     assert_identical(both_ways(card, program, {"a": again}, plan))
     assert (plan.reused_tiles, plan.decoded_elements) == (1, 1024 + 2 * 1536)  # not compared again
+
+
+def test_small_tiles_are_decoded_without_comparing(card):
+    """Below ``SAME_BITS_MIN_ELEMENTS`` per core the comparisons cost more than they save: not tried."""
+    plan = FastPlan(_replicated_a_program(), card)
+    same = np.tile(_random_bytes(1024, "dlfloat16", 5), 4)
+    assert_identical(both_ways(card, _replicated_a_program(), {"a": same, "b": _random_bytes(4 * 8192, "dlfloat16", 6)}, plan))
+    assert (plan.replicated_reads, plan.reused_tiles, plan.decoded_elements) == (0, 0, 4 * 512 + 4 * 4096)
 
 
 def test_a_batched_matmul_over_a_broadcast_operand_is_one_gemm_per_core():
@@ -341,7 +354,9 @@ def _random_bytes(nbytes: int, dtype: str, seed: int) -> np.ndarray:
 def test_random_programs_fast_equals_checked(card, case):
     program, seed, dtype, _ = case
     x = program.operands[0]
-    assert_identical(both_ways(card, program, {"x": _random_bytes(x.nbytes, dtype, seed)}))
+    with pytest.MonkeyPatch.context() as mp:  # these tiles are small: look for the same bits anyway
+        mp.setattr(fast, "SAME_BITS_MIN_ELEMENTS", 0)
+        assert_identical(both_ways(card, program, {"x": _random_bytes(x.nbytes, dtype, seed)}))
 
 
 def _stick_runs_program(step_in: int, step_out: int, op: str = "copy", n: int = 8) -> Program:

@@ -14,7 +14,7 @@ bytes, races, deadlocks), so once one checked run has passed, later runs skip th
   core's tile is decoded and broadcast over the cores axis (a read-only, stride-0 view); a tile whose
   bits equal those of a tile an earlier step decoded (one nothing has rewritten since: known at planning;
   or this very tile before steps rewrote it, whose raw bits are copied to compare with) takes its
-  values. The bits are compared at every run, until they once differ;
+  values. The bits are compared at every run, until they once differ (for tiles big enough to pay);
 - consecutive alike vector instructions of one core are first joined into one (``runs``).
 
 Bit identity: an elementwise op's result for one element does not depend on where it sits in the array
@@ -46,6 +46,9 @@ Step = Callable[[Any, dict], None]  # (device memory, dma_addresses) -> None
 # Earlier decoded tiles a read compares its bits with at its first run (per core; then only the one that
 # matched): bounds the first run's comparisons where many tiles share a shape.
 SAME_BITS_CANDIDATES = 8
+# A core's tile smaller than this is decoded without looking for the same bits elsewhere: there the
+# comparisons' fixed costs outweigh the decode (the encode at one-pass "high": 3 % less CPU with it).
+SAME_BITS_MIN_ELEMENTS = 4096
 
 
 class FastPlan:
@@ -191,10 +194,11 @@ class FastPlan:
         slot = len(slots)
         slots.append(None)
         # Earlier tiles of this geometry whose bytes nothing has rewritten: one may hold the same bits.
-        earlier = self._same_bits_candidates(run, t) if view.size else None
+        big = view.size >= SAME_BITS_MIN_ELEMENTS * len(run) and view.size > 0
+        earlier = self._same_bits_candidates(run, t) if big else None
         # This very tile, decoded before steps rewrote its bytes (often with the same bits: a weight tile
         # loaded again, into a buffer that takes turns): their raw bits are kept to compare with.
-        before = self._stale.get(key, [])[::-1][:SAME_BITS_CANDIDATES] if view.size else []
+        before = self._stale.get(key, [])[::-1][:SAME_BITS_CANDIDATES] if big else []
         bits, users = self._bits, self._bits_users
         for b in before:
             bits[b] = None
@@ -216,7 +220,7 @@ class FastPlan:
         # often holds bits an earlier step of the run decoded (an A tile passed on over the ring, a weight
         # tile loaded again): its values are taken from there. The bits decide at every run (a comparison
         # costs ~1/10 of a decode); a read seen to differ once stops paying for the comparison.
-        alike = batched and compact.size > 0
+        alike = batched and big
 
         def decode() -> np.ndarray:
             values = find()
