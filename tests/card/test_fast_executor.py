@@ -25,6 +25,7 @@ from torch_spyre.card.execute import (
     execute,
     resolve_addresses,
 )
+from torch_spyre.card.execute import fast
 from torch_spyre.card.execute.proof import overlap_signature
 from torch_spyre.card.execute.schedule import lockstep_rounds
 from torch_spyre.card.validate import validate
@@ -56,8 +57,10 @@ def card() -> Card:
     return Card(0, load_config(environ={}))
 
 
-def both_ways(card: Card, program: Program, data: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Run ``program`` checked, then fast from the same memory: per operand, (checked bytes, fast bytes)."""
+def both_ways(card: Card, program: Program, data: dict[str, np.ndarray],
+              plan: FastPlan | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Run ``program`` checked, then fast (on ``plan``, or a new one) from the same memory: per operand,
+    (checked bytes, fast bytes)."""
     validate(program, card.config)
     allocs = {op.name: card.memory.allocate(op.nbytes) for op in program.operands}
     try:
@@ -70,7 +73,7 @@ def both_ways(card: Card, program: Program, data: dict[str, np.ndarray]) -> dict
         execute(card, program, addresses)
         checked = {n: a.buffer[: op.nbytes].copy() for (n, a), op in zip(allocs.items(), program.operands)}
         load_inputs()
-        FastPlan(program, card).run(card.memory, addresses)
+        (plan or FastPlan(program, card)).run(card.memory, addresses)
         return {n: (checked[n], a.buffer[: op.nbytes].copy()) for (n, a), op in zip(allocs.items(), program.operands)}
     finally:
         for a in allocs.values():
@@ -133,6 +136,144 @@ def test_a_decoded_tile_is_shared_until_something_rewrites_its_bytes(card):
     i = np.zeros(128, np.uint8)
     i[:8] = np.array([4, 1], np.int32).view(np.uint8)
     assert_identical(both_ways(card, program, {"x": x, "i": i}))
+
+
+def _replicated_a_program(cores: int = 4) -> Program:
+    """Each core loads its own copy of an A tile (8x64 DLFloat16, from %a) and its own B tile (64x64,
+    from %b), computes A @ B and A + A, and stores both: alike instructions, one step per instruction
+    over the cores. Whether the cores' A tiles hold the same bits is up to the data."""
+    a_bytes, b_bytes = 8 * 128, 64 * 128
+    A = SpTensor(0, "dlfloat16", (8, 64), (64, 1))
+    B = SpTensor(a_bytes, "dlfloat16", (64, 64), (64, 1))
+    mm = SpTensor(a_bytes + b_bytes, "float32", (8, 64), (64, 1))
+    twice = SpTensor(mm.offset + 2048, "dlfloat16", (8, 64), (64, 1))
+    prog = {c: [DmaLoad(Addr("a", c * a_bytes), A.offset, DmaPattern.contiguous(8)),
+                DmaLoad(Addr("b", c * b_bytes), B.offset, DmaPattern.contiguous(64)),
+                MatMul(mm, A, B), Elementwise("add", twice, (A, A)),
+                DmaStore(Addr("y", c * 3072), mm.offset, DmaPattern.contiguous(24))] for c in range(cores)}
+    return Program("replicated_a", [Operand("a", cores * a_bytes), Operand("b", cores * b_bytes),
+                                    Operand("y", cores * 3072, access="out")], prog)
+
+
+def test_cores_holding_the_same_tile_decode_it_once(card, monkeypatch):
+    """Four cores' A tiles hold the same bits: the batched read decodes one core's tile (a quarter of
+    the elements) and broadcasts it; with one element of one core's copy changed, every core's tile is
+    decoded, and once a tile was seen to differ the plan stops comparing it. Every run's bytes are the
+    checked executor's."""
+    monkeypatch.setattr(fast, "SAME_BITS_MIN_ELEMENTS", 0)  # these tiles are small
+    program, cores = _replicated_a_program(), 4
+    plan = FastPlan(program, card)
+    assert len(plan.steps) == 5 and plan.tile_decodes == 2  # A (read twice by the add: once), B
+    tile = _random_bytes(1024, "dlfloat16", 5)
+    same = np.tile(tile, cores)
+    b = _random_bytes(cores * 8192, "dlfloat16", 6)
+    a_elems, b_elems = 8 * 64, cores * 64 * 64
+
+    assert_identical(both_ways(card, program, {"a": same, "b": b}, plan))
+    assert (plan.replicated_reads, plan.decoded_elements) == (1, a_elems + b_elems)
+
+    differs = same.copy()
+    differs[2 * 1024 + 2 * 128 + 6] ^= 0x01  # core 2, row 2, element 3: its low mantissa bit
+    results = both_ways(card, program, {"a": differs, "b": b}, plan)
+    assert_identical(results)
+    assert (plan.replicated_reads, plan.decoded_elements) == (1, 2 * (a_elems + b_elems) + 3 * a_elems)
+    checked = results["y"][0].reshape(cores, 3072)
+    assert not np.array_equal(checked[2], checked[1])  # the changed element reached the result
+
+    assert_identical(both_ways(card, program, {"a": same, "b": b}, plan))
+    assert plan.replicated_reads == 1  # not compared again: every core's tile decoded
+    assert plan.decoded_elements == 3 * (a_elems + b_elems) + 6 * a_elems
+
+
+def test_a_tile_holding_bits_decoded_earlier_takes_their_values(card, monkeypatch):
+    """Core 1 reads its copy of A two rounds after core 0 decoded its own (core 1 waits for core 0's
+    signal): equal bits take core 0's values, one element changed in core 1's copy decodes it, and once
+    a read was seen to differ the plan stops comparing it. Every run's bytes are the checked executor's."""
+    monkeypatch.setattr(fast, "SAME_BITS_MIN_ELEMENTS", 0)  # these tiles are small
+    A = SpTensor(0, "dlfloat16", (8, 64), (64, 1))
+    out = SpTensor(1024, "dlfloat16", (8, 64), (64, 1))
+    program = Program("same_bits", [Operand("a", 2048), Operand("y", 2048, access="out")], {
+        0: [DmaLoad(Addr("a", 0), 0, DmaPattern.contiguous(8)), Elementwise("exp", out, (A,)), Signal(1, tag=1),
+            DmaStore(Addr("y", 0), out.offset, DmaPattern.contiguous(8))],
+        1: [DmaLoad(Addr("a", 1024), 0, DmaPattern.contiguous(8)), Wait(0, tag=1), Elementwise("neg", out, (A,)),
+            DmaStore(Addr("y", 1024), out.offset, DmaPattern.contiguous(8))]})
+    plan = FastPlan(program, card)
+    assert plan.tile_decodes == 2
+    same = np.tile(_random_bytes(1024, "dlfloat16", 8), 2)
+    differs = same.copy()
+    differs[1024 + 1000] ^= 0x04  # core 1's copy, one element's mantissa
+
+    assert_identical(both_ways(card, program, {"a": same}, plan))
+    assert (plan.reused_tiles, plan.decoded_elements) == (1, 512)
+    assert_identical(both_ways(card, program, {"a": differs}, plan))
+    assert (plan.reused_tiles, plan.decoded_elements) == (1, 512 + 1024)
+    assert_identical(both_ways(card, program, {"a": same}, plan))
+    assert (plan.reused_tiles, plan.decoded_elements) == (1, 512 + 2 * 1024)  # not compared again
+
+
+def test_a_tile_rewritten_since_it_was_decoded_is_not_taken(card, monkeypatch):
+    """Core 0 decodes X, then loads Y over it; core 1 reads its own copy of Y afterwards. Core 0's
+    bytes now equal core 1's, but its decoded values are X's: they are not a candidate."""
+    monkeypatch.setattr(fast, "SAME_BITS_MIN_ELEMENTS", 0)  # these tiles are small
+    A = SpTensor(0, "dlfloat16", (8, 64), (64, 1))
+    out = SpTensor(1024, "dlfloat16", (8, 64), (64, 1))
+    program = Program("rewritten", [Operand("a", 2048), Operand("y", 2048, access="out")], {
+        0: [DmaLoad(Addr("a", 0), 0, DmaPattern.contiguous(8)), Elementwise("exp", out, (A,)),
+            DmaLoad(Addr("a", 1024), 0, DmaPattern.contiguous(8)), Signal(1, tag=1),
+            DmaStore(Addr("y", 0), out.offset, DmaPattern.contiguous(8))],
+        1: [DmaLoad(Addr("a", 1024), 0, DmaPattern.contiguous(8)), Wait(0, tag=1), Elementwise("neg", out, (A,)),
+            DmaStore(Addr("y", 1024), out.offset, DmaPattern.contiguous(8))]})
+    plan = FastPlan(program, card)
+    assert_identical(both_ways(card, program, {"a": _random_bytes(2048, "dlfloat16", 9)}, plan))
+    assert (plan.reused_tiles, plan.decoded_elements) == (0, 1024)
+
+
+def test_a_buffer_loaded_again_with_bits_it_held_before_takes_their_values(card, monkeypatch):
+    """Core 0 loads X, Y, then X again into one buffer, reading it after each load: the third read
+    takes the first's values (kept with a copy of its raw bits); with one element of the third load
+    changed it is decoded, and once it was seen to differ the plan stops comparing it."""
+    monkeypatch.setattr(fast, "SAME_BITS_MIN_ELEMENTS", 0)  # these tiles are small
+    A = SpTensor(0, "dlfloat16", (8, 64), (64, 1))
+    outs = [SpTensor(1024 * (k + 1), "dlfloat16", (8, 64), (64, 1)) for k in range(3)]
+    core0 = []
+    for k, op in enumerate(["exp", "neg", "abs"]):
+        core0 += [DmaLoad(Addr("a", 1024 * k), 0, DmaPattern.contiguous(8)), Elementwise(op, outs[k], (A,))]
+    program = Program("turns", [Operand("a", 3072), Operand("y", 3072, access="out")],
+                      {0: [*core0, DmaStore(Addr("y", 0), 1024, DmaPattern.contiguous(24))]})
+    plan = FastPlan(program, card)
+    assert plan.tile_decodes == 3
+    x, y = _random_bytes(1024, "dlfloat16", 10), _random_bytes(1024, "dlfloat16", 11)
+    again = np.concatenate([x, y, x])
+    changed = again.copy()
+    changed[2048 + 700] ^= 0x02
+
+    assert_identical(both_ways(card, program, {"a": again}, plan))
+    assert (plan.reused_tiles, plan.decoded_elements) == (1, 1024)
+    assert_identical(both_ways(card, program, {"a": changed}, plan))
+    assert (plan.reused_tiles, plan.decoded_elements) == (1, 1024 + 1536)
+    assert_identical(both_ways(card, program, {"a": again}, plan))
+    assert (plan.reused_tiles, plan.decoded_elements) == (1, 1024 + 2 * 1536)  # not compared again
+
+
+def test_small_tiles_are_decoded_without_comparing(card):
+    """Below ``SAME_BITS_MIN_ELEMENTS`` per core the comparisons cost more than they save: not tried."""
+    plan = FastPlan(_replicated_a_program(), card)
+    same = np.tile(_random_bytes(1024, "dlfloat16", 5), 4)
+    assert_identical(both_ways(card, _replicated_a_program(), {"a": same, "b": _random_bytes(4 * 8192, "dlfloat16", 6)}, plan))
+    assert (plan.replicated_reads, plan.reused_tiles, plan.decoded_elements) == (0, 0, 4 * 512 + 4 * 4096)
+
+
+def test_a_batched_matmul_over_a_broadcast_operand_is_one_gemm_per_core():
+    """A replicated tile reaches np.matmul as a stride-0 batch: numpy's loop decides BLAS per item from
+    the item's own strides (numpy/_core/src/umath/matmul.c.src), so each core's product is the single
+    GEMM the checked executor runs, bit for bit."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((64, 384), dtype=np.float32)
+    b = rng.standard_normal((8, 384, 64), dtype=np.float32)
+    broadcast = np.broadcast_to(a, (8, 64, 384))
+    assert broadcast.strides[0] == 0
+    result = np.matmul(broadcast, b)
+    assert all(np.matmul(a, b[i]).tobytes() == result[i].tobytes() for i in range(8))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,7 +354,9 @@ def _random_bytes(nbytes: int, dtype: str, seed: int) -> np.ndarray:
 def test_random_programs_fast_equals_checked(card, case):
     program, seed, dtype, _ = case
     x = program.operands[0]
-    assert_identical(both_ways(card, program, {"x": _random_bytes(x.nbytes, dtype, seed)}))
+    with pytest.MonkeyPatch.context() as mp:  # these tiles are small: look for the same bits anyway
+        mp.setattr(fast, "SAME_BITS_MIN_ELEMENTS", 0)
+        assert_identical(both_ways(card, program, {"x": _random_bytes(x.nbytes, dtype, seed)}))
 
 
 def _stick_runs_program(step_in: int, step_out: int, op: str = "copy", n: int = 8) -> Program:

@@ -9,13 +9,18 @@ bytes, races, deadlocks), so once one checked run has passed, later runs skip th
   cores ``c0, c0 + s, c0 + 2s, ...`` (whose device offsets also step evenly) run as *one* numpy operation
   over a strided view spanning those cores' scratchpads (one block, a row per core);
 - a DMA is one strided copy between that view and the device buffer, whatever the number of cores;
-- DLFloat16 is decoded and rounded once per batched tensor, not per core or per stick;
+- DLFloat16 is decoded and rounded once per batched tensor, not per core or per stick, and not again
+  where the bits were decoded already: when every core's tile of a batched read holds the same bits, one
+  core's tile is decoded and broadcast over the cores axis (a read-only, stride-0 view); a tile whose
+  bits equal those of a tile an earlier step decoded (one nothing has rewritten since: known at planning;
+  or this very tile before steps rewrote it, whose raw bits are copied to compare with) takes its
+  values. The bits are compared at every run, until they once differ (for tiles big enough to pay);
 - consecutive alike vector instructions of one core are first joined into one (``runs``).
 
 Bit identity: an elementwise op's result for one element does not depend on where it sits in the array
 (``tests/card/test_vector_ops.py`` checks it for each op, NaNs included; every computed NaN is written as
 one NaN); a batched matmul is numpy's stack of one single-threaded BLAS GEMM per core, of the checked
-executor's shapes. Reductions and the ops torch computes (``vector_ops.POSITION_DEPENDENT_OPS``) run core
+executor's shapes (a stride-0 batch operand too: numpy decides BLAS per item from the item's strides). Reductions and the ops torch computes (``vector_ops.POSITION_DEPENDENT_OPS``) run core
 by core on the checked executor's very shapes: how an array is walked decides the order of numpy's sums,
 which NaN a max returns, and how torch rounds an array's tail.
 A single core's instruction uses exactly the checked executor's views. What depends on data is still
@@ -38,6 +43,12 @@ from .schedule import Group, lockstep_rounds
 from .state import ExecutionError, Scratchpads, scratchpads
 
 Step = Callable[[Any, dict], None]  # (device memory, dma_addresses) -> None
+# Earlier decoded tiles a read compares its bits with at its first run (per core; then only the one that
+# matched): bounds the first run's comparisons where many tiles share a shape.
+SAME_BITS_CANDIDATES = 8
+# A core's tile smaller than this is decoded without looking for the same bits elsewhere: there the
+# comparisons' fixed costs outweigh the decode (the encode at one-pass "high": 3 % less CPU with it).
+SAME_BITS_MIN_ELEMENTS = 4096
 
 
 class FastPlan:
@@ -52,8 +63,20 @@ class FastPlan:
         self.steps: list[Step] = []
         # Decoded DLFloat16 tiles shared by the steps of one run (see :meth:`_reader`): slot -> array.
         self._slots: list[np.ndarray | None] = []
+        # Counted over all runs, to show the decoding work (tests, benchmarks): elements decoded, batched
+        # reads whose cores held identical bits (decoded as one core's tile), and cores' tiles whose values
+        # came from an earlier read holding the same bits (see :meth:`_reader`).
+        self.decoded_elements = 0
+        self.replicated_reads = 0
+        self.reused_tiles = 0
         self._fresh: dict[tuple, int] = {}  # tile key -> its slot, while nothing has written its bytes
         self._fresh_on: dict[int, dict[tuple, tuple[int, int]]] = {}  # core -> {tile key: byte span}
+        self._fresh_by_geometry: dict[tuple, dict[tuple, int]] = {}  # (shape, strides) -> {fresh key: slot}
+        self._stale: dict[tuple, list[int]] = {}  # tile key -> its earlier slots, whose bytes were rewritten
+        # Slots whose raw bits later reads of the rewritten tile compare with: slot -> this run's copy,
+        # and how many reads still compare with it.
+        self._bits: dict[int, np.ndarray | None] = {}
+        self._bits_users: dict[int, int] = {}
         # Each DMA'd operand's allocation is found once per run, not per DMA step (see :meth:`_regions_of`):
         # operand index -> one of its DMAs (core, program index, byte offset into the operand), and that
         # run's (host buffer, byte offset of the operand's base in it).
@@ -90,6 +113,7 @@ class FastPlan:
                     step(memory, dma_addresses)
             finally:
                 self._slots[:] = [None] * len(self._slots)
+                self._bits.update(dict.fromkeys(self._bits))
                 self._regions[:] = [None] * len(self._regions)
 
     def _regions_of(self, memory: Any, dma_addresses: dict) -> None:
@@ -169,26 +193,104 @@ class FastPlan:
             return lambda: slots[slot]
         slot = len(slots)
         slots.append(None)
+        # Earlier tiles of this geometry whose bytes nothing has rewritten: one may hold the same bits.
+        big = view.size >= SAME_BITS_MIN_ELEMENTS * len(run) and view.size > 0
+        earlier = self._same_bits_candidates(run, t) if big else None
+        # This very tile, decoded before steps rewrote its bytes (often with the same bits: a weight tile
+        # loaded again, into a buffer that takes turns): their raw bits are kept to compare with.
+        before = self._stale.get(key, [])[::-1][:SAME_BITS_CANDIDATES] if big else []
+        bits, users = self._bits, self._bits_users
+        for b in before:
+            bits[b] = None
+            users[b] = users.get(b, 0) + 1
         self._fresh[key] = slot
+        self._fresh_by_geometry.setdefault(key[2:], {})[key] = slot
         span = t.byte_span()
         for c in key[0]:
             self._fresh_on.setdefault(c, {})[key] = span
 
-        if 0 in view.strides and view.size:
-            # A broadcast view (a bias over rows): decode each distinct element once, then broadcast.
-            compact = view[tuple(slice(0, 1) if st == 0 else slice(None) for st in view.strides)]
-
-            def decode_broadcast() -> np.ndarray:
-                slots[slot] = values = np.broadcast_to(vector_ops.decode(compact, "dlfloat16"), view.shape)
-                return values
-
-            return decode_broadcast
+        # A broadcast view (a bias over rows): decode each distinct element once, then broadcast.
+        compact = view[tuple(slice(0, 1) if st == 0 else slice(None) for st in view.strides)] \
+            if 0 in view.strides and view.size else view
+        shape = view.shape
+        batched = len(run) > 1
+        per_core = [view[j] for j in range(len(run))] if batched else [view]
+        # Several cores often hold the very same bits (a matmul's A tile, loaded by every core owning an
+        # N slice): then one core's tile is decoded and broadcast over the cores axis. And a core's tile
+        # often holds bits an earlier step of the run decoded (an A tile passed on over the ring, a weight
+        # tile loaded again): its values are taken from there. The bits decide at every run (a comparison
+        # costs ~1/10 of a decode); a read seen to differ once stops paying for the comparison.
+        alike = batched and big
 
         def decode() -> np.ndarray:
-            slots[slot] = values = vector_ops.decode(view, "dlfloat16")
+            values = find()
+            if slot in bits:
+                bits[slot] = np.array(view)
+            slots[slot] = values
+            return values
+
+        def find() -> np.ndarray:
+            nonlocal alike, earlier, before
+            if before:
+                for k, b in enumerate(before):
+                    old = bits[b]
+                    if old is not None and old.flat[0] == view.flat[0] and (view == old).all():
+                        self._stop_comparing(before[:k] + before[k + 1:])
+                        before = [b]  # the one that matched is the one to compare next run
+                        self.reused_tiles += len(run)
+                        return slots[b]
+                if all(bits[b] is not None for b in before):  # all seen to differ: stop comparing
+                    self._stop_comparing(before)
+                    before = []
+            one = not batched  # one core's tile to find: the read's, or every core's when they are alike
+            if alike:
+                if (compact == compact[:1]).all():
+                    one = True
+                    self.replicated_reads += 1
+                else:
+                    alike = False
+            if earlier:
+                tiles = []
+                for j in range(1 if one else len(run)):
+                    hit = _same_bits(per_core[j], earlier[j], slots)
+                    if hit is None:
+                        earlier = None
+                        break
+                    earlier[j] = [earlier[j][hit[0]]]  # the tile that matched is the one to compare next run
+                    tiles.append(hit[1])
+                else:
+                    self.reused_tiles += len(tiles)
+                    return tiles[0] if not batched else np.broadcast_to(tiles[0], shape) if one else np.stack(tiles)
+            part = compact[:1] if one and batched else compact
+            values = vector_ops.decode(part, "dlfloat16")
+            self.decoded_elements += values.size
+            if part is not view:  # read-only, stride 0: no step writes what it reads
+                values = np.broadcast_to(values, shape)
             return values
 
         return decode
+
+    def _stop_comparing(self, slots: Sequence[int]) -> None:
+        """A read stops comparing with these slots' raw bits: a slot no read compares with is not copied."""
+        for b in slots:
+            self._bits_users[b] -= 1
+            if not self._bits_users[b]:
+                del self._bits_users[b], self._bits[b]
+
+    def _same_bits_candidates(self, run: Sequence[tuple[int, int]], t: SpTensor) -> list[list[tuple]]:
+        """For each core of ``run``: the tiles of ``t``'s shape and strides decoded by earlier reads whose
+        bytes no step has rewritten since (nearest first, at most ``SAME_BITS_CANDIDATES``), as
+        (slot, that core's index in the slot's values or None for a single core's, the tile's view)."""
+        strides = tuple(s * t.itemsize for s in t.strides)
+        dtype = vector_ops.NP_DTYPES[t.dtype]
+        found = []
+        for key, slot in reversed(self._fresh_by_geometry.get((t.shape, t.strides), {}).items()):
+            for j, c in enumerate(key[0]):
+                found.append((slot, j if len(key[0]) > 1 else None,
+                              self._pad_view([(c, 0)], key[1], t.shape, strides, dtype)))
+                if len(found) == SAME_BITS_CANDIDATES:
+                    return [list(found) for _ in run]
+        return [list(found) for _ in run]
 
     def _wrote(self, cores: Sequence[int], lo: int, hi: int) -> None:
         """The step being planned writes scratchpad bytes [lo, hi) of ``cores``: tiles decoded from them
@@ -196,7 +298,10 @@ class FastPlan:
         for c in cores:
             for key, (klo, khi) in list(self._fresh_on.get(c, {}).items()):
                 if klo < hi and lo < khi:
-                    self._fresh.pop(key, None)
+                    stale = self._fresh.pop(key, None)
+                    if stale is not None:
+                        self._stale.setdefault(key, []).append(stale)
+                    self._fresh_by_geometry[key[2:]].pop(key, None)
                     for k in key[0]:
                         self._fresh_on[k].pop(key, None)
 
@@ -399,6 +504,16 @@ def _computes_in_fp32(ins: Elementwise) -> bool:
         return False
     tensors = [x for x in ins.inputs if isinstance(x, SpTensor)]
     return bool(tensors) and all(x.dtype in vector_ops.FLOAT_DTYPES for x in tensors)
+
+
+def _same_bits(tile: np.ndarray, candidates: list[tuple], slots: list) -> tuple[int, np.ndarray] | None:
+    """The first candidate (see ``FastPlan._same_bits_candidates``) already decoded this run whose bits
+    are ``tile``'s: (its index, its decoded values), or None."""
+    for k, (slot, j, bits) in enumerate(candidates):
+        values = slots[slot]
+        if values is not None and tile.item(0) == bits.item(0) and (tile == bits).all():
+            return k, values if j is None else values[j]
+    return None
 
 
 def _byte_offset(view: np.ndarray, block: np.ndarray) -> int:
