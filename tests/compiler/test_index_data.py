@@ -131,16 +131,23 @@ def _sinusoidal(x):
     return F.pad(pos, (0, x.shape[1] - dim)) + x
 
 
+def _randn(*shape):
+    """Inputs fixed by a seed: parametrize builds them at collection, after whatever ran before."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)))
+
+
 @pytest.mark.parametrize("fn, x, bound", [
-    (lambda x: x + torch.arange(x.shape[-1], device=x.device) * 0.5, torch.randn(4, 300), 300),
-    (_sinusoidal, torch.randn(64, 512), 64 * 64),
+    (lambda x: x + torch.arange(x.shape[-1], device=x.device) * 0.5, _randn(4, 300), 300),
+    (_sinusoidal, _randn(64, 512), 64 * 64),
     # an index after a reduction (outer values) and one inside it (weights over the reduced dim)
-    (lambda x: x.sum(-1) + torch.arange(x.shape[0], device=x.device) * 0.5, torch.randn(64, 300), None),
-    (lambda x: (x * torch.arange(x.shape[-1], device=x.device)).sum(-1), torch.randn(8, 3000), None),
+    (lambda x: x.sum(-1) + torch.arange(x.shape[0], device=x.device) * 0.5, _randn(64, 300), None),
+    (lambda x: (x * torch.arange(x.shape[-1], device=x.device)).sum(-1), _randn(8, 3000), None),
 ])
 def test_compiled_index_data_matches_cpu(fn, x, bound, programs):
     got = run_compiled(fn, x)
-    torch.testing.assert_close(got, fn(x), rtol=1e-5, atol=1e-3)
+    # rtol 1e-4: the reductions sum up to 3,000 fp32 terms in another order than the CPU (sums near 1e3
+    # differ by ~1e-2 there)
+    torch.testing.assert_close(got, fn(x), rtol=1e-4, atol=1e-3)
     assert programs
     for name, program in programs.items() if bound else ():
         assert _count(program) < bound // 4, (name, _count(program))  # one box per element: >= bound
