@@ -93,13 +93,12 @@ def reset_host_fallback_stats() -> None:
 def empty_spyre(size, stride, dtype: torch.dtype, card: int, stick_dim: int | None = None) -> torch.Tensor:
     """A spyre buffer allocated by a compiled graph. ``stick_dim`` (a dim of the dense host shape,
     outermost first) picks the sticked dimension; None keeps the device's default (the unit-stride dim)."""
-    from ..card.layout import StickLayout
     from ..device import dtypes, tensor
 
     layout = None
-    if stick_dim is not None:
+    if stick_dim is not None:  # (tensor.stick_layout: one memoized StickLayout per distinct layout)
         base = tensor.layout_for(size, stride, dtype)
-        layout = StickLayout(base.host_shape, stick_dim, dtypes.device_dtype(dtype))
+        layout = tensor.stick_layout(base.host_shape, stick_dim, dtypes.device_dtype(dtype))
     return tensor.empty_strided(size, stride, dtype, card, layout=layout)
 
 
