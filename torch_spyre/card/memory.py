@@ -134,6 +134,7 @@ class DeviceMemory:
                 # A new handle over the cached block, so that the previous owner's handle stays dead.
                 old = cached.pop()
                 alloc = Allocation(old.address, old.nbytes, old.buffer)
+                alloc.__dict__["host_ptr"] = old.host_ptr  # the same buffer: skip numpy's ctypes lookup
             else:
                 if self.allocated + size > self.capacity:
                     # Checked before touching the cache, so that a refused request changes nothing.
@@ -166,8 +167,10 @@ class DeviceMemory:
         with self._lock:
             if self._live.pop(alloc.address, None) is None:
                 raise InvalidAddressError(f"double free of device address {alloc.address:#x} on spyre:{self.card}")
-            self._by_address.remove(alloc.address)
-            self._host_index.remove((alloc.host_ptr, alloc.address))
+            # Both lists are sorted: find by bisection (list.remove compares entry by entry, and a model keeps
+            # hundreds of allocations live).
+            del self._by_address[bisect.bisect_left(self._by_address, alloc.address)]
+            del self._host_index[bisect.bisect_left(self._host_index, (alloc.host_ptr, alloc.address))]
             self.allocated -= alloc.nbytes
             self.num_free_calls += 1
             alloc.live = False

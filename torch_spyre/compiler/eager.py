@@ -38,11 +38,14 @@ import torch
 from .._torch import device as torch_device
 from .._torch import inductor as torch_inductor
 from .._torch.device import OpOverload, version_of
+from ..device import cards
 from ..device.op_call import (bound_args, flat_tensors, map_tensors, resize_written, rewrap_numbers,
                               write_only_outs, written_args)
+from ..device.storage import allocation_of
 from ..runtime.timing_only import NoDataError
 from ..util.bounded_cache import BoundedCache
-from .kernel_runtime import generation_key
+from . import weight_parts
+from .kernel_runtime import generation_key, walks_allocation_dims
 
 MODES = ("compile", "host")
 DEFAULT_MODE = "compile"  # docs/compiler.md "Eager mode"; TORCH_SPYRE_EAGER=host computes every op on the host
@@ -148,7 +151,18 @@ def _is_random(op: OpOverload, info: Any) -> bool:
 
 
 def static_host_reason(op: OpOverload, info: Any) -> str:
-    """Why an op runs on the host whatever its arguments ("" if it may become a program)."""
+    """Why an op runs on the host whatever its arguments ("" if it may become a program). Memoized per op
+    (``info`` is the op's own, ``op_call.op_info``)."""
+    reason = _static_reasons.get(op)
+    if reason is None:
+        reason = _static_reasons[op] = _static_host_reason(op, info)
+    return reason
+
+
+_static_reasons: dict[OpOverload, str] = {}
+
+
+def _static_host_reason(op: OpOverload, info: Any) -> str:
     if info.name in _HOST_OPS:
         return _HOST_OPS[info.name]
     if _is_random(op, info):
@@ -198,8 +212,6 @@ def _written_overlaps(info: Any, bound: list[Any]) -> bool:
 # Signatures
 # ---------------------------------------------------------------------------------------------
 def _tensor_signature(t: torch.Tensor, storages: dict[int, int]) -> tuple:
-    from ..device.storage import allocation_of
-
     alloc = allocation_of(t)
     layout = alloc.meta["layout"] if alloc is not None else None
     group = storages.setdefault(_storage_key(t), len(storages))
@@ -224,8 +236,6 @@ def signature(op: OpOverload, args: tuple, kwargs: dict, card: int) -> tuple:
     """The cache key of an eager op: the op, its arguments' signatures, the card and its configuration, the
     fp32 matmul precision and what else a generated program depends on (the optimizations switched off,
     a forced core count: ``kernel_runtime.generation_key``)."""
-    from ..device import cards
-
     storages: dict[int, int] = {}
     return (op, tuple(_value_signature(a, storages) for a in args),
             tuple(sorted((k, _value_signature(v, storages)) for k, v in kwargs.items())),
@@ -420,14 +430,18 @@ def run(op: OpOverload, info: Any, args: tuple, kwargs: dict, card: int) -> tupl
     reason = reason or call_host_reason(info, bound)
     if reason:
         raise HostOp(reason)
-    key = signature(op, args, kwargs, card)
-    if any(info.is_out) and resize_outs(op, info, args, kwargs, bound, key):
-        if any(t.numel() == 0 for t in _written(info, bound)):
-            raise HostOp("a tensor of no elements")
+    key = None
+    if any(info.is_out):
         key = signature(op, args, kwargs, card)
+        if resize_outs(op, info, args, kwargs, bound, key):
+            if any(t.numel() == 0 for t in _written(info, bound)):
+                raise HostOp("a tensor of no elements")
+            key = signature(op, args, kwargs, card)
     outs = _run_with_weight_parts(op, info, bound, card)
     if outs is not None:
         return _results(info, bound, outs), ""
+    if key is None:  # (after the weight parts: a matmul running on them needs no key of its own)
+        key = signature(op, args, kwargs, card)
     with _lock:
         entry = _cache.get(key)
     if entry is not None and entry.compiled is None:
@@ -455,8 +469,6 @@ def _operands_in_walkable_views(info: Any, args: tuple, kwargs: dict) -> tuple[t
     """Operands of matmul and gather ops whose view merges dims of their allocation are copied first (a
     copy program), as the compiled path's lowerings do (``lowerings._matmul_operand``,
     ``_gather_operand``); the copy is its own eager op."""
-    from .kernel_runtime import walks_allocation_dims
-
     if info.name.split(".")[0] not in _WHOLE_OP_GENERATOR_OPS:
         return args, kwargs
     written = {i for i, w in enumerate(info.is_write) if w}
@@ -484,8 +496,6 @@ def _run_with_weight_parts(op: OpOverload, info: Any, bound: list[Any], card: in
     on B's parts split once (``weight_parts.py``): the matmul's program then splits only A. None when it
     does not apply or a program cannot be made (the op then goes the ordinary way, which writes nothing
     before it succeeds either)."""
-    from . import weight_parts
-
     name, _, overload = info.name.partition(".")
     positions = _PARTS_OPERANDS.get(name)
     if positions is None or overload not in ("", "default", "out"):  # not addmm.dtype's out_dtype arguments
@@ -536,8 +546,6 @@ def _run_with_weight_parts(op: OpOverload, info: Any, bound: list[Any], card: in
 
 
 def _card_config(card: int) -> Any:
-    from ..device import cards
-
     return cards.card(card).config
 
 

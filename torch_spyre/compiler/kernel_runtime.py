@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from ..device.storage import allocation_of
+from ..runtime import launch as _launch  # (its launch looked up per call: tests count launches by patching it)
 from ..util.bounded_cache import BoundedCache
 from . import optimizations
 from .core_count import forced_cores
@@ -91,13 +93,12 @@ def reset_host_fallback_stats() -> None:
 def empty_spyre(size, stride, dtype: torch.dtype, card: int, stick_dim: int | None = None) -> torch.Tensor:
     """A spyre buffer allocated by a compiled graph. ``stick_dim`` (a dim of the dense host shape,
     outermost first) picks the sticked dimension; None keeps the device's default (the unit-stride dim)."""
-    from ..card.layout import StickLayout
     from ..device import dtypes, tensor
 
     layout = None
-    if stick_dim is not None:
+    if stick_dim is not None:  # (tensor.stick_layout: one memoized StickLayout per distinct layout)
         base = tensor.layout_for(size, stride, dtype)
-        layout = StickLayout(base.host_shape, stick_dim, dtypes.device_dtype(dtype))
+        layout = tensor.stick_layout(base.host_shape, stick_dim, dtypes.device_dtype(dtype))
     return tensor.empty_strided(size, stride, dtype, card, layout=layout)
 
 
@@ -229,6 +230,9 @@ class SpyreKernel:
         self.stats: Counter[str] = Counter()
         self._lock = threading.Lock()
         self.last_launch = None
+        # Per call, from the spec once: the buffers it binds, and those it only reads.
+        self._buffer_names = tuple(b.name for b in spec.buffers)
+        self._reads = frozenset(b.name for b in spec.buffers if b.role == "input")
 
     @classmethod
     def load(cls, path: str) -> "SpyreKernel":
@@ -240,43 +244,56 @@ class SpyreKernel:
         return self.spec.name
 
     def placements(self, tensors: dict[str, torch.Tensor]):
-        from ..device.storage import allocation_of
-        from .access import TensorView
+        """(buffer name -> ``TensorView`` of the whole allocation it lies in, buffer name -> allocation,
+        card), or Nones when a buffer has no allocation (no elements)."""
+        where, allocs, card = self._where(tensors)
+        if where is None:
+            return None, None, None
+        return self._places(where), allocs, card
 
-        places, allocs, card = {}, {}, None
-        for b in self.spec.buffers:
-            t = tensors[b.name]
-            if t.device.type != "spyre":
-                raise RuntimeError(f"kernel {self.name}: buffer {b.name} is on {t.device}, expected a spyre device")
+    def _where(self, tensors: dict[str, torch.Tensor]):
+        """Each buffer's (name, allocation layout, storage offset), in buffer order: all a placement is
+        (``_places`` makes the TensorViews only when a program is prepared); its allocations; its card."""
+        where, allocs, card = [], {}, None
+        for name in self._buffer_names:
+            t = tensors[name]
+            device = t.device
+            if device.type != "spyre":
+                raise RuntimeError(f"kernel {self.name}: buffer {name} is on {device}, expected a spyre device")
             alloc = allocation_of(t)
             if alloc is None:
                 return None, None, None
-            c = t.device.index or 0
+            c = device.index or 0
             if card is not None and c != card:
                 raise RuntimeError(f"kernel {self.name}: tensors on spyre:{card} and spyre:{c}; move them to one card")
             card = c
-            places[b.name] = TensorView.whole(b.name, alloc.meta["layout"], int(t.storage_offset()))
-            allocs[b.name] = alloc
-        return places, allocs, card
+            where.append((name, alloc.meta["layout"], int(t.storage_offset())))
+            allocs[name] = alloc
+        return tuple(where), allocs, card
+
+    @staticmethod
+    def _places(where: tuple) -> dict[str, Any]:
+        from .access import TensorView
+
+        return {name: TensorView.whole(name, layout, offset) for name, layout, offset in where}
 
     def run(self, **args: Any) -> None:
         """``args``: the kernel's buffers by name, and the values of its shape symbols (``s27=...``)."""
         values = self._symbol_values(args)
         args = self._cpu_scalars_on_card(args)
         args = self._operands_in_walkable_views(args)
-        places, allocs, card = self.placements(args)
-        if places is None:  # a tensor of no elements: nothing to compute
+        where, allocs, card = self._where(args)
+        if where is None:  # a tensor of no elements: nothing to compute
             return
-        key = (values, card, tuple(sorted(places.items(), key=lambda kv: kv[0])), generation_key())
+        # (name, layout, offset) determines the placement's TensorView: the key needs no TensorViews.
+        key = (values, card, where, generation_key())
         prepared = self._prepared.get(key)
         if prepared is not None:
             with self._lock:
                 self._note("hits")
         if prepared is None:
-            prepared = self._prepare(places, card, key)
-        from ..runtime.launch import launch
-
-        self.last_launch = launch(prepared, allocs)
+            prepared = self._prepare(self._places(where), card, key)
+        self.last_launch = _launch.launch(prepared, allocs)
 
     def _cpu_scalars_on_card(self, args: dict[str, Any]) -> dict[str, Any]:
         """A 0-dim CPU tensor the kernel only reads, copied to the card of the kernel's other tensors.
@@ -287,8 +304,7 @@ class SpyreKernel:
         it is copied, one stick, per call (the value may change between calls). Anything else on the CPU
         (a non-0-dim tensor, or one the kernel writes) is still refused by ``placements``: torch refuses
         to mix those with device tensors too."""
-        reads = {b.name for b in self.spec.buffers if b.role == "input"}
-        scalars = [n for n in reads if isinstance(args.get(n), torch.Tensor) and args[n].device.type == "cpu"
+        scalars = [n for n in self._reads if isinstance(args.get(n), torch.Tensor) and args[n].device.type == "cpu"
                    and args[n].dim() == 0]
         if not scalars:
             return args
@@ -482,7 +498,6 @@ _shared = _SharedPrograms(1024)
 def walks_allocation_dims(t: torch.Tensor) -> bool:
     """``access.walks_layout_dims`` for a spyre tensor and its allocation (a Linear on a 3-d input hands
     addmm a [B*S, K] view of a [B, S, K] allocation, which does not)."""
-    from ..device.storage import allocation_of
     from .access import walks_layout_dims
 
     alloc = allocation_of(t)

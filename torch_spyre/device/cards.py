@@ -27,6 +27,8 @@ class InvalidDeviceError(SpyreError, RuntimeError):
 
 def config() -> CardConfig:
     global _config
+    if _config is not None:  # no lock on the path every op takes (assigning a global is atomic)
+        return _config
     with _lock:
         if _config is None:
             _config = load_config()
@@ -57,7 +59,8 @@ def index_of(device: torch.device | str | int | None) -> int:
         return check_index(None)
     if isinstance(device, int):
         return check_index(device)
-    device = torch.device(device)
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
     if device.type != "spyre":
         raise ValueError(f"expected a spyre device, got {device}")
     return check_index(device.index)
@@ -65,6 +68,9 @@ def index_of(device: torch.device | str | int | None) -> int:
 
 def card(index: int | None = None) -> Card:
     index = check_index(index)
+    c = _cards.get(index)  # cards are only ever added: no lock once made
+    if c is not None:
+        return c
     with _lock:
         c = _cards.get(index)
         if c is None:

@@ -45,8 +45,8 @@ from .._torch.device import OpOverload
 from ..runtime import stream as rt
 from ..runtime.timing_only import NoDataError
 from . import cards, dtypes, storage, tensor
-from .op_call import (OpInfo, bound_args, is_spyre, map_tensors, op_info, resize_written, rewrap_numbers, tensors_in,
-                      write_only_outs, written_args)
+from .op_call import (OpInfo, bound_args, flat_tensors, is_spyre, map_tensors, op_info, resize_written, rewrap_numbers,
+                      tensors_in, write_only_outs, written_args)
 from .program_runner import program_runner
 
 _counts: Counter[str] = Counter()  # ops computed on the host
@@ -104,19 +104,19 @@ def expect_compile_fallback(name: str) -> None:
 def _check_devices(info: OpInfo, args: tuple, kwargs: dict) -> int:
     card = None
     others = []
-    for value in (*args, *kwargs.values()):
-        for x in tensors_in(value):
-            if x.device.type == "spyre":
-                idx = x.device.index or 0
-                if card is None:
-                    card = idx
-                elif idx != card:
-                    raise RuntimeError(
-                        f"Expected all tensors to be on the same device, but found at least two devices, "
-                        f"spyre:{card} and spyre:{idx}! (in aten::{info.name}; move one with .to('spyre:{card}'))"
-                    )
-            elif not (x.device.type == "cpu" and x.dim() == 0):
-                others.append(x)
+    for x in flat_tensors((*args, *kwargs.values())):
+        device = x.device
+        if device.type == "spyre":
+            idx = device.index or 0
+            if card is None:
+                card = idx
+            elif idx != card:
+                raise RuntimeError(
+                    f"Expected all tensors to be on the same device, but found at least two devices, "
+                    f"spyre:{card} and spyre:{idx}! (in aten::{info.name}; move one with .to('spyre:{card}'))"
+                )
+        elif not (device.type == "cpu" and x.dim() == 0):
+            others.append(x)
     if others:
         x = others[0]
         raise RuntimeError(

@@ -31,7 +31,13 @@ def tensors_in(x: Any) -> Iterator[torch.Tensor]:
 
 def flat_tensors(values: Any) -> list[torch.Tensor]:
     """The tensors in a sequence of argument values, in order."""
-    return [t for v in values for t in tensors_in(v)]
+    out = []
+    for v in values:  # (tensors and numbers without the generator: every op call asks, several times)
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out.extend(tensors_in(v))
+    return out
 
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], x: Any) -> Any:
@@ -112,6 +118,17 @@ def bound_args(info: OpInfo, args: tuple, kwargs: dict) -> list[Any]:
     return [args[i] if i < n else kwargs.get(name, info.defaults[i]) for i, name in enumerate(info.arg_names)]
 
 
+def _has_number(info: OpInfo, args: tuple, kwargs: dict) -> bool:
+    """Whether a Tensor argument came as a Python number (what :func:`rewrap_numbers` rewraps)."""
+    tensor_args = info.tensor_args
+    for i, v in enumerate(args):
+        if i < len(tensor_args) and tensor_args[i] and isinstance(v, (bool, int, float)):
+            return True
+    n = len(args)
+    return any(i >= n and tensor_args[i] and name in kwargs and isinstance(kwargs[name], (bool, int, float))
+               for i, name in enumerate(info.arg_names))
+
+
 def rewrap_numbers(info: OpInfo, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Python numbers in Tensor arguments back to 0-d tensors.
 
@@ -121,6 +138,8 @@ def rewrap_numbers(info: OpInfo, args: tuple, kwargs: dict) -> tuple[tuple, dict
     unchanged.
     """
     if not any(info.tensor_args):
+        return args, kwargs
+    if not _has_number(info, args, kwargs):  # (most calls: nothing to rewrap, the arguments as they came)
         return args, kwargs
     first = next((t for v in (*args, *kwargs.values()) for t in tensors_in(v)), None)
 

@@ -22,6 +22,7 @@ seam, ``torch_spyre/_torch/device.py``. The mechanisms, tested in tests/device/t
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 from typing import Sequence
 
@@ -84,6 +85,13 @@ _lock = threading.Lock()
 _live: dict[tuple[int, int], tuple[Allocation, StorageWeakRef]] = {}  # (card, host pointer) -> allocation
 _allocs_since_sweep = 0
 _EMPTY = np.zeros(128, dtype=np.uint8)  # data pointer of storages with no bytes (no allocation)
+_EMPTY_PTR = int(_EMPTY.ctypes.data)  # (read once: ``.ctypes`` builds an object per access)
+# A descriptor's bytes in one pack (building the ctypes structures field by field costs more than the rest
+# of the import): the _DLManagedTensor, then its one shape entry. Native alignment, as ctypes lays it out.
+_DESCRIPTOR = struct.Struct("@P2i iBBH PPQ PP q")
+assert _DESCRIPTOR.size == ctypes.sizeof(_DLManagedTensor) + 8
+assert struct.calcsize("@P2i iBBH") == _DLTensor.shape.offset and struct.calcsize("@P2i iBBH PPQ") == ctypes.sizeof(_DLTensor)
+_devices: dict[int, torch.device] = {}  # card -> torch.device("spyre", card), to check each import against
 
 
 def storage_tensor(card: int, alloc: Allocation | None, dtype: torch.dtype, numel: int) -> torch.Tensor:
@@ -94,24 +102,24 @@ def storage_tensor(card: int, alloc: Allocation | None, dtype: torch.dtype, nume
 
         device_dtype(dtype)  # raises the error that names the dtype and what to do
     code, bits = _DL_CODES[dtype]
-    size = ctypes.sizeof(_DLManagedTensor) + 8
-    block = _libc.malloc(size)
+    block = _libc.malloc(_DESCRIPTOR.size)
     if not block:
         raise MemoryError("malloc failed for a DLPack descriptor")
-    m = _DLManagedTensor.from_address(block)
-    shape = ctypes.cast(block + ctypes.sizeof(_DLManagedTensor), ctypes.POINTER(ctypes.c_int64))
-    shape[0] = numel
-    ptr = alloc.host_ptr if alloc is not None else int(_EMPTY.ctypes.data)
-    m.dl_tensor = _DLTensor(ptr, _DLDevice(_kDLExtDev, card), 1, _DLDataType(code, bits, 1), shape, None, 0)
-    m.manager_ctx = None
-    m.deleter = _FREE
+    ptr = alloc.host_ptr if alloc is not None else _EMPTY_PTR
+    # data, device (type, id), ndim, dtype (code, bits, lanes), shape (the entry after the struct), strides
+    # (NULL: contiguous), byte_offset; manager_ctx (NULL), deleter; the shape entry.
+    ctypes.memmove(block, _DESCRIPTOR.pack(ptr, _kDLExtDev, card, 1, code, bits, 1, block + _DESCRIPTOR.size - 8, 0, 0,
+                                           0, _FREE, numel), _DESCRIPTOR.size)
     capsule = _PyCapsule_New(block, _CAPSULE_NAME, None)
     try:
         t = torch.from_dlpack(capsule)
     except BaseException:
         _libc.free(ctypes.c_void_p(block))  # torch did not take ownership
         raise
-    if t.device != torch.device("spyre", card) or (numel and t.data_ptr() != ptr):  # pragma: no cover
+    device = _devices.get(card)
+    if device is None:
+        device = _devices.setdefault(card, torch.device("spyre", card))
+    if t.device != device or (numel and t.data_ptr() != ptr):  # pragma: no cover
         raise RuntimeError(f"DLPack import gave a tensor on {t.device}, expected spyre:{card}")
     if alloc is not None:
         with _lock:
@@ -175,7 +183,7 @@ def allocation_of(t: torch.Tensor | torch.UntypedStorage) -> Allocation | None:
     """The allocation under a spyre tensor or storage; None for a storage of no bytes."""
     storage = t.untyped_storage() if isinstance(t, torch.Tensor) else t
     ptr = storage.data_ptr()
-    if ptr == int(_EMPTY.ctypes.data) or storage.nbytes() == 0:
+    if ptr == _EMPTY_PTR or storage.nbytes() == 0:
         return None
     card = storage.device.index or 0
     entry = _live.get((card, ptr))

@@ -64,10 +64,16 @@ def layout_for(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -
     dropped) and the unit-stride dim is sticked (IBM's default: the last host dim). Other strides: a flat
     1-D layout of the storage's required elements.
     """
+    return _layout_for(tuple(int(s) for s in size), tuple(int(s) for s in stride), dtype)
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout_for(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> StickLayout:
+    """(Memoized: every new tensor asks, and a model allocates the same few geometries over and over.)"""
     ddt = dtypes.device_dtype(dtype)
     order = dense_order(size, stride)
     if order is not None:
-        return stick_layout(tuple(int(size[d]) for d in order), -1, ddt)
+        return stick_layout(tuple(size[d] for d in order), -1, ddt)
     needed = 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(s > 0 for s in size) else 0
     return stick_layout((int(needed),), 0, ddt)
 

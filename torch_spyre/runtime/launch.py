@@ -285,11 +285,11 @@ def launch(prepared: PreparedProgram, bindings: Mapping[str, Binding], stream: _
     """
     card = prepared.card
     stream = _resolve_stream(prepared, stream)
-    bases = resolve_bindings(prepared, bindings)  # step 1: every check happens here
+    bases, allocs = _resolve(prepared, bindings)  # step 1: every check happens here
     patch = compute_patch(prepared, bases)  # step 2
     with prepared._lock:  # the address arrays are shared by every launch of this prepared program
         apply_patch(prepared, patch)  # step 3
-        if _timing_only.skip_launch(card.memory, prepared.program.operands, bases):
+        if _timing_only.skip_launch(card.memory, prepared.program.operands, bases, allocs):
             stats = None  # timing-only (or inputs without data): the clock advances, nothing is computed
         else:
             try:
@@ -329,11 +329,22 @@ def _resolve_stream(prepared: PreparedProgram, stream: _stream.Stream | None) ->
 # --- step 1: resolve ---------------------------------------------------------------------------
 def resolve_bindings(prepared: PreparedProgram, bindings: Mapping[str, Binding]) -> np.ndarray:
     """Step 1: the device base address of every operand (int64, in operand order), checked."""
-    _check_operand_names(prepared, bindings)
-    bases = np.empty(len(prepared.operand_names), dtype=np.int64)
-    for i, name in enumerate(prepared.operand_names):
-        bases[i] = _resolve_one(prepared, name, int(prepared.operand_nbytes[i]), bindings[name])
-    return bases
+    return _resolve(prepared, bindings)[0]
+
+
+def _resolve(prepared: PreparedProgram, bindings: Mapping[str, Binding]) -> tuple[np.ndarray, list[Allocation]]:
+    """:func:`resolve_bindings`, and the live allocation each operand lies in (found by its liveness check;
+    ``skip_launch`` reads them instead of looking each up again)."""
+    names = prepared.operand_names
+    if len(bindings) != len(names) or not all(n in bindings for n in names):
+        _check_operand_names(prepared, bindings)
+    needs = prepared.operand_nbytes.tolist()
+    addresses, allocs = [], []
+    for name, need in zip(names, needs):
+        address, found = _resolve_one(prepared, name, need, bindings[name])
+        addresses.append(address)
+        allocs.append(found)
+    return np.array(addresses, dtype=np.int64), allocs
 
 
 def _check_operand_names(prepared: PreparedProgram, bindings: Mapping[str, Binding]) -> None:
@@ -349,8 +360,9 @@ def _check_operand_names(prepared: PreparedProgram, bindings: Mapping[str, Bindi
                            f"its operands are {', '.join(prepared.operand_names)}")
 
 
-def _resolve_one(prepared: PreparedProgram, name: str, need: int, value: Binding) -> int:
-    """The device address ``value`` stands for, after checking it can hold operand ``name``."""
+def _resolve_one(prepared: PreparedProgram, name: str, need: int, value: Binding) -> tuple[int, Allocation]:
+    """The device address ``value`` stands for, after checking it can hold operand ``name``, and the live
+    allocation it lies in."""
     address, nbytes, alloc = _as_region(prepared, name, value)
     card = prepared.card.index
     if isinstance(value, DeviceBuffer) and value.card is not None and value.card != card:
@@ -364,13 +376,12 @@ def _resolve_one(prepared: PreparedProgram, name: str, need: int, value: Binding
     if nbytes < need:
         raise BindingError(prepared.name, name,
                            f"needs {need} bytes but the buffer bound to it has {nbytes}; allocate at least {need} bytes")
-    _check_live(prepared, name, address, need, alloc)
-    return address
+    return address, _check_live(prepared, name, address, need, alloc)
 
 
-def _check_live(prepared: PreparedProgram, name: str, address: int, need: int, alloc: Allocation | None) -> None:
+def _check_live(prepared: PreparedProgram, name: str, address: int, need: int, alloc: Allocation | None) -> Allocation:
     """``need`` bytes from ``address`` must lie inside one live allocation of the program's card (and be
-    ``alloc`` itself when the caller passed an Allocation)."""
+    ``alloc`` itself when the caller passed an Allocation); that allocation."""
     card = prepared.card.index
     try:
         found, offset = prepared.card.memory.find(address)
@@ -388,6 +399,7 @@ def _check_live(prepared: PreparedProgram, name: str, address: int, need: int, a
         raise BindingError(prepared.name, name,
                            f"needs {need} bytes from {address:#x}, but the live allocation there "
                            f"[{found.address:#x}, {found.end:#x}) ends {offset + need - found.nbytes} bytes too soon")
+    return found
 
 
 def _as_region(prepared: PreparedProgram, name: str, value: Binding) -> tuple[int, int, Allocation | None]:

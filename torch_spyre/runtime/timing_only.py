@@ -79,14 +79,16 @@ def timing_only(enable: bool = True) -> Iterator[None]:
             _overrides.pop()
 
 
-def skip_launch(memory: Any, operands: Any, bases: Any) -> bool:
+def skip_launch(memory: Any, operands: Any, bases: Any, allocs: Any = None) -> bool:
     """Whether a launch skips its functional execution; if it does, its outputs are marked as holding no data.
 
     ``operands``: the program's operands, ``bases``: the device address bound to each (in order), on the
     card whose :class:`~torch_spyre.card.memory.DeviceMemory` is ``memory``. A launch is skipped in
     timing-only mode, and whenever an operand it reads holds no data (its results would be garbage).
+    ``allocs``: the allocation each address lies in, when the caller has found them already.
     """
-    allocs = [memory.find(int(address))[0] for address in bases]
+    if allocs is None:
+        allocs = [memory.find(int(address))[0] for address in bases]
     skip = enabled() or any(not a.has_data for o, a in zip(operands, allocs) if o.access != "out")
     if skip:
         for o, a in zip(operands, allocs):

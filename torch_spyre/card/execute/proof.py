@@ -46,15 +46,21 @@ def check_mode() -> str:
 
 
 def overlap_signature(bases: np.ndarray, nbytes: np.ndarray) -> tuple[tuple[int, int], ...]:
-    """Which operands' device ranges overlap, as sorted (i, j) pairs of operand indices: () when none do."""
-    if bases.size < 2:
+    """Which operands' device ranges overlap, as sorted (i, j) pairs of operand indices: () when none do.
+    (In Python lists: a program has a handful of operands, and every launch asks.)"""
+    if len(bases) < 2:
         return ()
-    order = np.argsort(bases, kind="stable")
-    lo, hi = bases[order], bases[order] + nbytes[order]
-    if not (lo[1:] < np.maximum.accumulate(hi)[:-1]).any():
+    lo, size = bases.tolist(), nbytes.tolist()
+    order = sorted(range(len(lo)), key=lo.__getitem__)  # stable, as argsort(kind="stable")
+    end = lo[order[0]] + size[order[0]]
+    for i in order[1:]:
+        if lo[i] < end:
+            break
+        end = max(end, lo[i] + size[i])
+    else:
         return ()
-    pairs = [(min(i, j), max(i, j)) for a, i in enumerate(order.tolist()) for j in order[a + 1:].tolist()
-             if bases[j] < bases[i] + nbytes[i] and bases[i] < bases[j] + nbytes[j]]
+    pairs = [(min(i, j), max(i, j)) for a, i in enumerate(order) for j in order[a + 1:]
+             if lo[j] < lo[i] + size[i] and lo[i] < lo[j] + size[j]]
     return tuple(sorted(pairs))
 
 
