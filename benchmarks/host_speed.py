@@ -4,13 +4,16 @@
     python benchmarks/host_speed.py --quick    # fewer repeats, no `spyre run` subprocess
     python benchmarks/host_speed.py --json     # one JSON object instead of the table
     python benchmarks/host_speed.py --quick --only encode   # some rows: add, new_length, minilm, encode
+    python benchmarks/host_speed.py --only encode --matmul-precision high   # fp32 matmuls in one pass
 
 Rows (each a median of ``--repeat`` calls after warm-up; ratios are spyre / CPU of the same run):
 1. compiled MiniLM forward (real all-MiniLM-L6-v2 weights, batch 8, seq 128, fp16 on spyre) against
    CPU eager fp32 of the same model and inputs;
 2. a cached small eager op (64x64 fp32 add, a single-op program) against the same op on the CPU;
 3. ``SentenceTransformer(path, device="spyre").encode`` of 8 sentences (eager, cached) against
-   ``device="cpu"``;
+   ``device="cpu"``, at ``torch.get_float32_matmul_precision()`` (PyTorch's default "highest": six
+   DLFloat16 passes per fp32 matmul on the card; ``--matmul-precision high``: one pass, the arithmetic
+   issue 9's target was set with);
 4. a new sequence length in an already-compiled matmul-heavy graph (compile_cost.py's row: an MLP
    384-1536-384 compiled with ``dynamic=True``): host time of the first call at a new length against a
    repeat call at that length;
@@ -135,7 +138,8 @@ def sentence_transformers_encode(repeat: int) -> dict[str, Any] | None:
 
     spyre_s = median_times(spyre_call, repeat, warmup=1)
     cpu_s = median_times(lambda: on_cpu.encode(sentences), repeat, warmup=1)
-    return row("SentenceTransformer.encode, 8 sentences (eager)", spyre_s, cpu_s, 10.0, "device='cpu'")
+    name = f"SentenceTransformer.encode, 8 sentences (eager, fp32 matmuls at {torch.get_float32_matmul_precision()!r})"
+    return row(name, spyre_s, cpu_s, 10.0, "device='cpu'")
 
 
 def new_sequence_length(repeat: int) -> dict[str, Any]:
@@ -186,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--only", nargs="+", choices=[*ROWS, "run"], metavar="ROW",
                         help=f"only these rows ({', '.join(ROWS)}, run)")
+    parser.add_argument("--matmul-precision", choices=["highest", "high", "medium"],
+                        help="torch.set_float32_matmul_precision for every row (default: PyTorch's, 'highest')")
     args = parser.parse_args(argv)
+    if args.matmul_precision:
+        torch.set_float32_matmul_precision(args.matmul_precision)
     repeat = 3 if args.quick else args.repeat
     torch.set_num_threads(1)  # the card's executor runs single-threaded; compare like with like
     chosen = args.only or [*ROWS, *([] if args.quick else ["run"])]
