@@ -278,10 +278,15 @@ class Emitter:
     def _ensure_index_iota(self, n: int, out: list[SymInstr]) -> None:
         """Make the core's index iota hold 0 .. n-1: started once per core and extended by doubling
         (``[0, k) + k``: log2(n) instructions for n element-ops), never shifted."""
-        k = self._index_iota
-        if k >= n:
-            return
-        run = lambda at, m: Sym("xiota", at * itemsize("int64"), "int64", (m,), (1,))  # noqa: E731
+        if self._index_iota < n:
+            self._index_iota = self._fill_iota("xiota", "int64", self._index_iota, n, out)
+
+    def _fill_iota(self, name: str, dtype: str, have: int, n: int, out: list[SymInstr]) -> int:
+        """Extend scratchpad buffer ``name`` from holding 0 .. have-1 (have < n) to holding 0 .. n-1 by
+        doubling (0, then ``[0, k) + k`` for k = 1, 2, 4, ...: log2(n) instructions for n element-ops);
+        returns n. Shared by the index iota and the reduction-position iota (``reduce.py``)."""
+        run = lambda at, m: Sym(name, at * itemsize(dtype), dtype, (m,), (1,))  # noqa: E731
+        k = have
         if k == 0:
             self._add(out, Elementwise, op="copy", out=run(0, 1), inputs=(Scalar(0),))
             k = 1
@@ -289,7 +294,7 @@ class Emitter:
             m = min(k, n - k)
             self._add(out, Elementwise, op="add", out=run(k, m), inputs=(run(0, m), Scalar(k)))
             k += m
-        self._index_iota = k
+        return k
 
     # --- stores --------------------------------------------------------------------------------------
     def _prepare_store(self, g: int, ch: Chunk, out: list[SymInstr]) -> None:

@@ -39,12 +39,7 @@ class Reducer:
         isz = itemsize(dt)
         run = lambda k, m: Sym("iota", k * isz, dt, (m,), (1,))  # noqa: E731
         if self._iota_base is None:
-            self._add(out, Elementwise, op="copy", out=run(0, 1), inputs=(Scalar(0),))
-            k = 1
-            while k < n:
-                m = min(k, n - k)
-                self._add(out, Elementwise, op="add", out=run(k, m), inputs=(run(0, m), Scalar(k)))
-                k *= 2
+            self._fill_iota("iota", dt, 0, n, out)
             self._iota_base = 0
         if first != self._iota_base:
             self._add(out, Elementwise, op="add", out=run(0, n), inputs=(run(0, n), Scalar(first - self._iota_base)))
