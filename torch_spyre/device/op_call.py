@@ -118,15 +118,15 @@ def bound_args(info: OpInfo, args: tuple, kwargs: dict) -> list[Any]:
     return [args[i] if i < n else kwargs.get(name, info.defaults[i]) for i, name in enumerate(info.arg_names)]
 
 
-def _has_number(info: OpInfo, args: tuple, kwargs: dict) -> bool:
-    """Whether a Tensor argument came as a Python number (what :func:`rewrap_numbers` rewraps)."""
-    tensor_args = info.tensor_args
-    for i, v in enumerate(args):
-        if i < len(tensor_args) and tensor_args[i] and isinstance(v, (bool, int, float)):
-            return True
+def _tensor_slots(info: OpInfo, args: tuple, kwargs: dict) -> Iterator[tuple[int | str, Any]]:
+    """(position, or name for a keyword, value) of each argument given that the schema types as Tensor."""
     n = len(args)
-    return any(i >= n and tensor_args[i] and name in kwargs and isinstance(kwargs[name], (bool, int, float))
-               for i, name in enumerate(info.arg_names))
+    for i, name in enumerate(info.arg_names):
+        if info.tensor_args[i]:
+            if i < n:
+                yield i, args[i]
+            elif name in kwargs:
+                yield name, kwargs[name]
 
 
 def rewrap_numbers(info: OpInfo, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -135,25 +135,16 @@ def rewrap_numbers(info: OpInfo, args: tuple, kwargs: dict) -> tuple[tuple, dict
     C++ passes scalars as "wrapped number" tensors (``x % 4`` runs ``remainder.Tensor`` with a wrapped 4),
     and the boxed call into Python unwraps them to plain numbers, which the op then refuses. The 0-d
     tensor takes the dtype the scalar would promote to against the op's first tensor, so type promotion is
-    unchanged.
+    unchanged. Most calls have no such number: their arguments come back as they came.
     """
-    if not any(info.tensor_args):
-        return args, kwargs
-    if not _has_number(info, args, kwargs):  # (most calls: nothing to rewrap, the arguments as they came)
+    numbers = {at: v for at, v in _tensor_slots(info, args, kwargs) if isinstance(v, (bool, int, float))}
+    if not numbers:
         return args, kwargs
     first = next((t for v in (*args, *kwargs.values()) for t in tensors_in(v)), None)
-
-    def wrap(v):
-        if isinstance(v, (bool, int, float)):
-            dtype = torch.result_type(first, v) if first is not None else None
-            return torch.tensor(v, dtype=dtype)
-        return v
-
-    n = len(args)
-    args = tuple(wrap(v) if i < len(info.tensor_args) and info.tensor_args[i] else v for i, v in enumerate(args))
-    for i, name in enumerate(info.arg_names):
-        if i >= n and info.tensor_args[i] and name in kwargs:
-            kwargs = {**kwargs, name: wrap(kwargs[name])}
+    wrapped = {at: torch.tensor(v, dtype=torch.result_type(first, v) if first is not None else None)
+               for at, v in numbers.items()}
+    args = tuple(wrapped.get(i, v) for i, v in enumerate(args))
+    kwargs = {**kwargs, **{at: t for at, t in wrapped.items() if isinstance(at, str)}}
     return args, kwargs
 
 
