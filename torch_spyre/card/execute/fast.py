@@ -234,7 +234,7 @@ class FastPlan:
             if before:
                 for k, b in enumerate(before):
                     old = bits[b]
-                    if old is not None and old.flat[0] == view.flat[0] and (view == old).all():
+                    if old is not None and _equal_bits(view, old):
                         self._stop_comparing(before[:k] + before[k + 1:])
                         before = [b]  # the one that matched is the one to compare next run
                         self.reused_tiles += len(run)
@@ -511,9 +511,14 @@ def _same_bits(tile: np.ndarray, candidates: list[tuple], slots: list) -> tuple[
     are ``tile``'s: (its index, its decoded values), or None."""
     for k, (slot, j, bits) in enumerate(candidates):
         values = slots[slot]
-        if values is not None and tile.item(0) == bits.item(0) and (tile == bits).all():
+        if values is not None and _equal_bits(tile, bits):
             return k, values if j is None else values[j]
     return None
+
+
+def _equal_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two tiles of one shape hold the same bits (their first elements first: most differ there)."""
+    return a.item(0) == b.item(0) and bool((a == b).all())
 
 
 def _byte_offset(view: np.ndarray, block: np.ndarray) -> int:
