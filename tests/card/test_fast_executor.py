@@ -185,18 +185,26 @@ def test_cores_holding_the_same_tile_decode_it_once(card, monkeypatch):
     assert plan.decoded_elements == 3 * (a_elems + b_elems) + 6 * a_elems
 
 
+def _second_core_reads_later(name: str, core0_reloads: bool = False) -> Program:
+    """Core 0 loads %a[0:1024] into A and computes exp(A) (then, ``core0_reloads``, loads %a[1024:2048]
+    over A) before signalling core 1, which has loaded its own %a[1024:2048] into A, waits, and computes
+    neg(A); each stores its result to its half of %y."""
+    A = SpTensor(0, "dlfloat16", (8, 64), (64, 1))
+    out = SpTensor(1024, "dlfloat16", (8, 64), (64, 1))
+    reload = [DmaLoad(Addr("a", 1024), 0, DmaPattern.contiguous(8))] if core0_reloads else []
+    return Program(name, [Operand("a", 2048), Operand("y", 2048, access="out")], {
+        0: [DmaLoad(Addr("a", 0), 0, DmaPattern.contiguous(8)), Elementwise("exp", out, (A,)), *reload,
+            Signal(1, tag=1), DmaStore(Addr("y", 0), out.offset, DmaPattern.contiguous(8))],
+        1: [DmaLoad(Addr("a", 1024), 0, DmaPattern.contiguous(8)), Wait(0, tag=1), Elementwise("neg", out, (A,)),
+            DmaStore(Addr("y", 1024), out.offset, DmaPattern.contiguous(8))]})
+
+
 def test_a_tile_holding_bits_decoded_earlier_takes_their_values(card, monkeypatch):
     """Core 1 reads its copy of A two rounds after core 0 decoded its own (core 1 waits for core 0's
     signal): equal bits take core 0's values, one element changed in core 1's copy decodes it, and once
     a read was seen to differ the plan stops comparing it. Every run's bytes are the checked executor's."""
     monkeypatch.setattr(fast, "SAME_BITS_MIN_ELEMENTS", 0)  # these tiles are small
-    A = SpTensor(0, "dlfloat16", (8, 64), (64, 1))
-    out = SpTensor(1024, "dlfloat16", (8, 64), (64, 1))
-    program = Program("same_bits", [Operand("a", 2048), Operand("y", 2048, access="out")], {
-        0: [DmaLoad(Addr("a", 0), 0, DmaPattern.contiguous(8)), Elementwise("exp", out, (A,)), Signal(1, tag=1),
-            DmaStore(Addr("y", 0), out.offset, DmaPattern.contiguous(8))],
-        1: [DmaLoad(Addr("a", 1024), 0, DmaPattern.contiguous(8)), Wait(0, tag=1), Elementwise("neg", out, (A,)),
-            DmaStore(Addr("y", 1024), out.offset, DmaPattern.contiguous(8))]})
+    program = _second_core_reads_later("same_bits")
     plan = FastPlan(program, card)
     assert plan.tile_decodes == 2
     same = np.tile(_random_bytes(1024, "dlfloat16", 8), 2)
@@ -215,14 +223,7 @@ def test_a_tile_rewritten_since_it_was_decoded_is_not_taken(card, monkeypatch):
     """Core 0 decodes X, then loads Y over it; core 1 reads its own copy of Y afterwards. Core 0's
     bytes now equal core 1's, but its decoded values are X's: they are not a candidate."""
     monkeypatch.setattr(fast, "SAME_BITS_MIN_ELEMENTS", 0)  # these tiles are small
-    A = SpTensor(0, "dlfloat16", (8, 64), (64, 1))
-    out = SpTensor(1024, "dlfloat16", (8, 64), (64, 1))
-    program = Program("rewritten", [Operand("a", 2048), Operand("y", 2048, access="out")], {
-        0: [DmaLoad(Addr("a", 0), 0, DmaPattern.contiguous(8)), Elementwise("exp", out, (A,)),
-            DmaLoad(Addr("a", 1024), 0, DmaPattern.contiguous(8)), Signal(1, tag=1),
-            DmaStore(Addr("y", 0), out.offset, DmaPattern.contiguous(8))],
-        1: [DmaLoad(Addr("a", 1024), 0, DmaPattern.contiguous(8)), Wait(0, tag=1), Elementwise("neg", out, (A,)),
-            DmaStore(Addr("y", 1024), out.offset, DmaPattern.contiguous(8))]})
+    program = _second_core_reads_later("rewritten", core0_reloads=True)
     plan = FastPlan(program, card)
     assert_identical(both_ways(card, program, {"a": _random_bytes(2048, "dlfloat16", 9)}, plan))
     assert (plan.reused_tiles, plan.decoded_elements) == (0, 1024)
