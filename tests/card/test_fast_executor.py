@@ -185,6 +185,17 @@ def test_cores_holding_the_same_tile_decode_it_once(card, monkeypatch):
     assert plan.decoded_elements == 3 * (a_elems + b_elems) + 6 * a_elems
 
 
+def _reused_until_it_differs(card, program, plan, same, differs, first: int, later: int) -> None:
+    """Runs ``plan`` on %a = ``same`` (one tile's values reused, ``first`` elements decoded), ``differs``
+    (the reuse refused: ``later`` elements decoded), then ``same`` again (``later`` again: once a read
+    was seen to differ it is not compared again), each run's bytes the checked executor's."""
+    decoded = 0
+    for data, more in ((same, first), (differs, later), (same, later)):
+        assert_identical(both_ways(card, program, {"a": data}, plan))
+        decoded += more
+        assert (plan.reused_tiles, plan.decoded_elements) == (1, decoded)
+
+
 def _second_core_reads_later(name: str, core0_reloads: bool = False) -> Program:
     """Core 0 loads %a[0:1024] into A and computes exp(A) (then, ``core0_reloads``, loads %a[1024:2048]
     over A) before signalling core 1, which has loaded its own %a[1024:2048] into A, waits, and computes
@@ -211,12 +222,7 @@ def test_a_tile_holding_bits_decoded_earlier_takes_their_values(card, monkeypatc
     differs = same.copy()
     differs[1024 + 1000] ^= 0x04  # core 1's copy, one element's mantissa
 
-    assert_identical(both_ways(card, program, {"a": same}, plan))
-    assert (plan.reused_tiles, plan.decoded_elements) == (1, 512)
-    assert_identical(both_ways(card, program, {"a": differs}, plan))
-    assert (plan.reused_tiles, plan.decoded_elements) == (1, 512 + 1024)
-    assert_identical(both_ways(card, program, {"a": same}, plan))
-    assert (plan.reused_tiles, plan.decoded_elements) == (1, 512 + 2 * 1024)  # not compared again
+    _reused_until_it_differs(card, program, plan, same, differs, first=512, later=1024)
 
 
 def test_a_tile_rewritten_since_it_was_decoded_is_not_taken(card, monkeypatch):
@@ -248,12 +254,7 @@ def test_a_buffer_loaded_again_with_bits_it_held_before_takes_their_values(card,
     changed = again.copy()
     changed[2048 + 700] ^= 0x02
 
-    assert_identical(both_ways(card, program, {"a": again}, plan))
-    assert (plan.reused_tiles, plan.decoded_elements) == (1, 1024)
-    assert_identical(both_ways(card, program, {"a": changed}, plan))
-    assert (plan.reused_tiles, plan.decoded_elements) == (1, 1024 + 1536)
-    assert_identical(both_ways(card, program, {"a": again}, plan))
-    assert (plan.reused_tiles, plan.decoded_elements) == (1, 1024 + 2 * 1536)  # not compared again
+    _reused_until_it_differs(card, program, plan, again, changed, first=1024, later=1536)
 
 
 def test_small_tiles_are_decoded_without_comparing(card):
