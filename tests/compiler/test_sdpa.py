@@ -168,6 +168,36 @@ def test_eager_sdpa_matches_cpu():
     torch.testing.assert_close(got.float(), ref, atol=3e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("grad_mode", ["no_grad", "inference_mode"])
+def test_eager_sdpa_routes_alike_in_inference_mode(grad_mode, monkeypatch):
+    """``torch.inference_mode()`` skips the autograd keys, where the routing kernel used to be only: a
+    bool-masked fp16 SDPA then took torch's decomposition, whose -inf scores DLFloat16 holds as NaN."""
+    from torch_spyre.runtime import launch as runtime_launch
+
+    q, k, v = rnd(2, 2, 16, 64), rnd(2, 2, 16, 64, seed=1), rnd(2, 2, 16, 64, seed=2)
+    m = torch.ones(16, 16, dtype=torch.bool).tril()
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=m)
+    launched, launch = [], runtime_launch.launch
+
+    def counted(prepared, *args, **kwargs):
+        launched.append(prepared.program.metadata.get("decisions", {}).get("kind"))
+        return launch(prepared, *args, **kwargs)
+
+    monkeypatch.setattr(runtime_launch, "launch", counted)
+    dev = [t.to("spyre") for t in (q, k, v, m)]
+    with torch.no_grad() if grad_mode == "no_grad" else torch.inference_mode():
+        got = F.scaled_dot_product_attention(*dev[:3], attn_mask=dev[3]).cpu()
+    assert launched == ["attention"]  # one flash attention program, not the decomposition's kernels
+    torch.testing.assert_close(got.float(), ref, atol=3e-2, rtol=2e-2)
+    # A case the generator does not take keeps torch's decomposition in inference mode too.
+    launched.clear()
+    with torch.inference_mode():
+        got = F.scaled_dot_product_attention(*(t[0] for t in dev[:3]), is_causal=True).cpu()  # 3-d
+    assert len(launched) > 1 and "attention" not in launched
+    ref = F.scaled_dot_product_attention(q[0].float(), k[0].float(), v[0].float(), is_causal=True)
+    torch.testing.assert_close(got.float(), ref, atol=3e-2, rtol=2e-2)
+
+
 def test_training_graph_keeps_the_math_path_and_matches_cpu_grads(debug_dir):
     torch.manual_seed(0)
     q, k, v = rnd(1, 2, 32, 32), rnd(1, 2, 32, 32, seed=1), rnd(1, 2, 32, 32, seed=2)

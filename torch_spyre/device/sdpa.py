@@ -20,10 +20,11 @@ What this module does instead:
   shape at run time); everything else (other devices, training graphs, dropout, 3-d inputs, masks
   broadcast over keys, ...) takes torch's own decomposition, unchanged.
 
-- registers the same Python kernel for SDPA's ``AutogradPrivateUse1`` key, so eager calls on spyre
-  route the same way: a supported call runs ``spyre::flash_attention`` (a single-op program, or its
-  math on the host in fp32 with ``TORCH_SPYRE_EAGER=host``), so a bool mask never becomes fp16 -inf
-  scores, which DLFloat16 holds as NaN.
+- registers the same Python kernel for SDPA's ``AutogradPrivateUse1`` and ``PrivateUse1`` keys (the
+  latter is what ``torch.inference_mode()`` reaches), so eager calls on spyre route the same way: a
+  supported call runs ``spyre::flash_attention`` (a single-op program, or its math on the host in fp32
+  with ``TORCH_SPYRE_EAGER=host``), so a bool mask never becomes fp16 -inf scores, which DLFloat16 holds
+  as NaN.
 
 Training graphs and eager calls that need gradients keep the math path: its backward is the decomposed
 ops, which all run on the card.
@@ -177,9 +178,12 @@ def register() -> list[torch.library.Library]:
     # (a patch of torch's global state: docs/architecture.md)
     set_composite_python_kernel(torch.ops.aten.scaled_dot_product_attention.default, _sdpa_py_impl)
     # Eager: the dispatcher reaches SDPA's autograd key for spyre tensors before its composite kernel,
-    # so a kernel there routes eager calls the same way (gradients keep the decomposition).
+    # so a kernel there routes eager calls the same way (gradients keep the decomposition). Under
+    # ``torch.inference_mode()`` the autograd keys are skipped: the same kernel on the backend key routes
+    # those calls (else a bool-masked fp16 SDPA took the decomposition and gave NaN).
     aten_lib = torch.library.Library("aten", "IMPL")
     aten_lib.impl("scaled_dot_product_attention", _sdpa_py_impl, "AutogradPrivateUse1")
+    aten_lib.impl("scaled_dot_product_attention", _sdpa_py_impl, "PrivateUse1")
     _lib = lib
     _libs.append(aten_lib)
     return [lib, aten_lib]
