@@ -71,6 +71,11 @@ def test_lookup_by_device_address_and_host_pointer():
     m.free(allocs[1])
     with pytest.raises(InvalidAddressError):
         m.find(allocs[1].address)
+    # The host index is rebuilt after allocations and frees made since the last lookup.
+    with pytest.raises(InvalidAddressError):
+        m.find_host(allocs[1].host_ptr)
+    d = m.allocate(7000)
+    assert m.find_host(d.host_ptr + 5) == (d, 5) and m.find_host(allocs[2].host_ptr) == (allocs[2], 0)
 
 
 def test_read_write_by_device_address():

@@ -109,7 +109,9 @@ class DeviceMemory:
         self._lock = threading.RLock()
         self._live: dict[int, Allocation] = {}  # device address -> allocation
         self._by_address: list[int] = []  # sorted device addresses of live allocations
-        self._host_index: list[tuple[int, int]] = []  # sorted (host_ptr, device address)
+        # Sorted (host_ptr, device address), built when find_host asks (None: stale). Only lookups by host
+        # pointer need it, and keeping it sorted on every allocate and free cost more than they do.
+        self._host_index: list[tuple[int, int]] | None = None
         self._cache: dict[int, list[Allocation]] = {}  # nbytes -> freed blocks kept for reuse
         # Free device address ranges, sorted by start; the virtual range is twice the capacity so
         # that fragmentation never refuses an allocation that the capacity allows.
@@ -157,7 +159,7 @@ class DeviceMemory:
                 self.peak_reserved = max(self.peak_reserved, self.reserved)
             self._live[alloc.address] = alloc
             bisect.insort(self._by_address, alloc.address)
-            bisect.insort(self._host_index, (alloc.host_ptr, alloc.address))
+            self._host_index = None
             self.allocated += size
             self.peak_allocated = max(self.peak_allocated, self.allocated)
             self.num_alloc_calls += 1
@@ -167,10 +169,10 @@ class DeviceMemory:
         with self._lock:
             if self._live.pop(alloc.address, None) is None:
                 raise InvalidAddressError(f"double free of device address {alloc.address:#x} on spyre:{self.card}")
-            # Both lists are sorted: find by bisection (list.remove compares entry by entry, and a model keeps
+            # The list is sorted: find by bisection (list.remove compares entry by entry, and a model keeps
             # hundreds of allocations live).
             del self._by_address[bisect.bisect_left(self._by_address, alloc.address)]
-            del self._host_index[bisect.bisect_left(self._host_index, (alloc.host_ptr, alloc.address))]
+            self._host_index = None
             self.allocated -= alloc.nbytes
             self.num_free_calls += 1
             alloc.live = False
@@ -216,6 +218,8 @@ class DeviceMemory:
     def find_host(self, host_ptr: int) -> tuple[Allocation, int]:
         """The live allocation whose host buffer holds ``host_ptr`` (a storage's data pointer)."""
         with self._lock:
+            if self._host_index is None:
+                self._host_index = sorted((a.host_ptr, a.address) for a in self._live.values())
             i = bisect.bisect_right(self._host_index, (host_ptr, float("inf"))) - 1
             if i >= 0:
                 alloc = self._live[self._host_index[i][1]]
