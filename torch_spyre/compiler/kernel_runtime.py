@@ -24,6 +24,7 @@ Nothing here imports Inductor: a cached wrapper runs without compiling.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
@@ -498,7 +499,14 @@ _shared = _SharedPrograms(1024)
 def walks_allocation_dims(t: torch.Tensor) -> bool:
     """``access.walks_layout_dims`` for a spyre tensor and its allocation (a Linear on a 3-d input hands
     addmm a [B*S, K] view of a [B, S, K] allocation, which does not)."""
+    alloc = allocation_of(t)
+    return alloc is None or _walks_layout_dims(alloc.meta["layout"], t.shape, t.stride())
+
+
+@functools.lru_cache(maxsize=4096)
+def _walks_layout_dims(layout: Any, shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """(Memoized: every matmul and gather launch asks of each operand, eager ops twice; the answer depends
+    only on the immutable layout and the view's geometry.)"""
     from .access import walks_layout_dims
 
-    alloc = allocation_of(t)
-    return alloc is None or walks_layout_dims(alloc.meta["layout"], t.shape, t.stride())
+    return walks_layout_dims(layout, shape, stride)
