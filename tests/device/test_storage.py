@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 
+import pytest
 import torch
 
 from torch_spyre.device import storage, tensor
@@ -18,6 +19,20 @@ def test_storage_tensor_is_a_plain_privateuse1_tensor_over_the_allocation():
     assert t.untyped_storage().data_ptr() == alloc.host_ptr
     assert t.untyped_storage().nbytes() == 15 * 4  # the host element space, not the padded device bytes
     assert alloc.nbytes == 3 * 128
+
+
+@pytest.mark.parametrize("size,stride", [((8, 16, 384), (6144, 384, 1)), ((4, 5), (1, 4)), ((3, 1, 5), (5, 1, 1)),
+                                         ((2, 3), (0, 1)), ((5,), (2,)), ((), ())])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.bool])
+def test_empty_strided_geometry_and_storage(size, stride, dtype):
+    # The DLPack import gives the view's geometry at once where its storage is the layout's host element
+    # space (dense, permuted, broadcast and gapped strides alike); the storage holds exactly that space.
+    t = tensor.empty_strided(size, stride, dtype, 0)
+    layout = storage.allocation_of(t).meta["layout"]
+    assert (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype) == (size, stride, 0, dtype)
+    assert t.device == torch.device("spyre:0") and type(t) is torch.Tensor
+    assert t.untyped_storage().nbytes() == layout.numel * t.element_size()
+    assert t.untyped_storage().data_ptr() == storage.allocation_of(t).host_ptr
 
 
 def test_set_view_only_edits_metadata():

@@ -87,29 +87,54 @@ _allocs_since_sweep = 0
 _EMPTY = np.zeros(128, dtype=np.uint8)  # data pointer of storages with no bytes (no allocation)
 _EMPTY_PTR = int(_EMPTY.ctypes.data)  # (read once: ``.ctypes`` builds an object per access)
 # A descriptor's bytes in one pack (building the ctypes structures field by field costs more than the rest
-# of the import): the _DLManagedTensor, then its one shape entry. Native alignment, as ctypes lays it out.
-_DESCRIPTOR = struct.Struct("@P2i iBBH PPQ PP q")
+# of the import): the _DLManagedTensor, then its shape entries and, for a view's geometry, its stride
+# entries. Native alignment, as ctypes lays it out.
+_HEAD = "@P2i iBBH PPQ PP"
+_DESCRIPTOR = struct.Struct(_HEAD + " q")
 assert _DESCRIPTOR.size == ctypes.sizeof(_DLManagedTensor) + 8
 assert struct.calcsize("@P2i iBBH") == _DLTensor.shape.offset and struct.calcsize("@P2i iBBH PPQ") == ctypes.sizeof(_DLTensor)
+_HEAD_SIZE = ctypes.sizeof(_DLManagedTensor)
+_strided: dict[int, struct.Struct] = {}  # ndim -> the descriptor with ndim shape and ndim stride entries
+
+
+def _strided_descriptor(ndim: int) -> struct.Struct:
+    found = _strided.get(ndim)
+    if found is None:
+        found = _strided[ndim] = struct.Struct(f"{_HEAD} {ndim}q {ndim}q")
+        assert found.size == _HEAD_SIZE + 16 * ndim
+    return found
 _devices: dict[int, torch.device] = {}  # card -> torch.device("spyre", card), to check each import against
 
 
-def storage_tensor(card: int, alloc: Allocation | None, dtype: torch.dtype, numel: int) -> torch.Tensor:
-    """A 1-D ``dtype`` tensor of ``numel`` elements on ``spyre:card`` over ``alloc``'s host buffer."""
+def storage_tensor(card: int, alloc: Allocation | None, dtype: torch.dtype, numel: int,
+                   view: tuple[Sequence[int], Sequence[int]] | None = None) -> torch.Tensor:
+    """A 1-D ``dtype`` tensor of ``numel`` elements on ``spyre:card`` over ``alloc``'s host buffer.
+
+    ``view``: (size, stride) of the tensor to return instead, at storage offset 0, when its storage (the
+    elements up to its last one) is exactly the ``numel`` elements (the caller checks): the DLPack import
+    then gives that geometry at once, without a ``set_`` after it."""
     global _allocs_since_sweep
     if dtype not in _DL_CODES:
         from .dtypes import device_dtype
 
         device_dtype(dtype)  # raises the error that names the dtype and what to do
     code, bits = _DL_CODES[dtype]
-    block = _libc.malloc(_DESCRIPTOR.size)
+    if view is None:
+        descriptor, ndim, entries = _DESCRIPTOR, 1, (numel,)
+    else:
+        ndim = len(view[0])
+        descriptor, entries = _strided_descriptor(ndim), (*view[0], *view[1])
+    block = _libc.malloc(descriptor.size)
     if not block:
         raise MemoryError("malloc failed for a DLPack descriptor")
     ptr = alloc.host_ptr if alloc is not None else _EMPTY_PTR
-    # data, device (type, id), ndim, dtype (code, bits, lanes), shape (the entry after the struct), strides
-    # (NULL: contiguous), byte_offset; manager_ctx (NULL), deleter; the shape entry.
-    ctypes.memmove(block, _DESCRIPTOR.pack(ptr, _kDLExtDev, card, 1, code, bits, 1, block + _DESCRIPTOR.size - 8, 0, 0,
-                                           0, _FREE, numel), _DESCRIPTOR.size)
+    shape = block + _HEAD_SIZE
+    # data, device (type, id), ndim, dtype (code, bits, lanes), shape (the entries after the struct), strides
+    # (NULL: contiguous; else the entries after the shape's), byte_offset; manager_ctx (NULL), deleter; the
+    # entries.
+    ctypes.memmove(block, descriptor.pack(ptr, _kDLExtDev, card, ndim, code, bits, 1, shape,
+                                          0 if view is None else shape + 8 * ndim, 0, 0, _FREE, *entries),
+                   descriptor.size)
     capsule = _PyCapsule_New(block, _CAPSULE_NAME, None)
     try:
         t = torch.from_dlpack(capsule)

@@ -125,8 +125,10 @@ def _allocate(card: int, nbytes: int) -> Allocation:
         raise SpyreOutOfMemoryError(str(e)) from None
 
 
-def new_storage_tensor(card: int, dtype: torch.dtype, layout: StickLayout | None) -> torch.Tensor:
-    """A 1-D tensor over a fresh allocation covering ``layout``'s host element space."""
+def new_storage_tensor(card: int, dtype: torch.dtype, layout: StickLayout | None,
+                       view: tuple[Sequence[int], Sequence[int]] | None = None) -> torch.Tensor:
+    """A 1-D tensor over a fresh allocation covering ``layout``'s host element space (``view``: the
+    (size, stride) to give it instead, when its storage is exactly that space: ``storage.storage_tensor``)."""
     card = cards.check_index(card)
     if layout is None or layout.numel == 0:
         dtypes.device_dtype(dtype)
@@ -134,7 +136,7 @@ def new_storage_tensor(card: int, dtype: torch.dtype, layout: StickLayout | None
     alloc = _allocate(card, layout.nbytes)
     alloc.has_data = not timing_only.enabled()
     alloc.meta.update(layout=layout, dtype=dtype, encoding=dtypes.encoding_for(dtype))
-    return storage.storage_tensor(card, alloc, dtype, layout.numel)
+    return storage.storage_tensor(card, alloc, dtype, layout.numel, view)
 
 
 def empty_strided(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype, card: int,
@@ -146,6 +148,11 @@ def empty_strided(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype
         layout = None
     elif layout is None:
         layout = layout_for(size, stride, dtype)
+    if layout is not None and 1 + sum((s - 1) * st for s, st in zip(size, stride)) == layout.numel \
+            and all(st >= 0 for st in stride):
+        # The view's storage is the layout's host element space (every default layout, and a chosen stick
+        # dim of the same host shape): the import gives the geometry, no set_ after it.
+        return new_storage_tensor(card, dtype, layout, (size, stride))
     base = new_storage_tensor(card, dtype, layout)
     return storage.set_view(base, base.untyped_storage(), 0, size, stride)
 
