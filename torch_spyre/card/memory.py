@@ -205,6 +205,11 @@ class DeviceMemory:
             return [self._live[a] for a in self._by_address]
 
     # --- lookup ---------------------------------------------------------------------------------
+    def holds(self, alloc: Allocation) -> bool:
+        """True if ``alloc`` is a live allocation of this memory (the handle itself, not a stale one over
+        the same block): what ``find(alloc.address)`` would return, without the search."""
+        return self._live.get(alloc.address) is alloc
+
     def find(self, address: int) -> tuple[Allocation, int]:
         """The live allocation holding device ``address``, and the offset into it."""
         with self._lock:

@@ -363,6 +363,9 @@ def _check_operand_names(prepared: PreparedProgram, bindings: Mapping[str, Bindi
 def _resolve_one(prepared: PreparedProgram, name: str, need: int, value: Binding) -> tuple[int, Allocation]:
     """The device address ``value`` stands for, after checking it can hold operand ``name``, and the live
     allocation it lies in."""
+    if type(value) is Allocation and need <= value.nbytes and prepared.card.memory.holds(value) \
+            and not value.address % STICK_BYTES:
+        return value.address, value  # a whole live allocation of this card, big enough: every check below passes
     address, nbytes, alloc = _as_region(prepared, name, value)
     card = prepared.card.index
     if isinstance(value, DeviceBuffer) and value.card is not None and value.card != card:
