@@ -105,7 +105,7 @@ def _bits(values: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("case", ["reshape_3d_to_2d", "transpose", "permute_4d", "slice", "offset_row", "padded",
-                                  "int64", "bool"])
+                                  "int64", "bool", "slice_of_sticks"])
 def test_device_to_device_copy_is_the_read_write_round_trip_bit_for_bit(case):
     """``tensor.copy_within`` (one gather of device elements, the map cached per geometry) writes exactly
     the bytes of reading ``src`` to the host and writing it to ``dst``, and reports the same transfers."""
@@ -122,6 +122,7 @@ def test_device_to_device_copy_is_the_read_write_round_trip_bit_for_bit(case):
         "padded": lambda t: t[:, :, :40].contiguous().view(96, 40),
         "int64": lambda t: (t.nan_to_num() * 1000).to(torch.int64).transpose(0, 1),
         "bool": lambda t: (t > 0).transpose(0, 2),
+        "slice_of_sticks": lambda t: t[:, 2:7, 32:],
     }
     src = views[case](x.to("spyre"))
     via_gather = torch.empty(src.shape, dtype=src.dtype, device="spyre")
@@ -136,6 +137,28 @@ def test_device_to_device_copy_is_the_read_write_round_trip_bit_for_bit(case):
     again = torch.empty(src.shape, dtype=src.dtype, device="spyre")  # the cached map gives the same
     device_tensor.copy_within(src, again)
     assert np.array_equal(raw_device(again).view(np.uint8), raw_device(via_host).view(np.uint8))
+
+
+@pytest.mark.parametrize("case,by_stick", [("reshape", True), ("permute_keeping_the_sticked_dim", True),
+                                           ("padded", True), ("transpose", False), ("slice_inside_sticks", False)])
+def test_device_to_device_copy_moves_whole_sticks_where_it_can(case, by_stick):
+    """Where each destination stick is one whole source stick, the cached map names source sticks (a gather
+    of 128-byte rows, one index a stick) instead of elements; the bytes are the same (test above)."""
+    from torch_spyre.device import storage
+    from torch_spyre.device import tensor as device_tensor
+
+    x = torch.randn(8, 12, 64).to("spyre")
+    src = {"reshape": lambda t: t.view(96, 64), "permute_keeping_the_sticked_dim": lambda t: t.view(8, 12, 2, 32).permute(0, 2, 1, 3),
+           "padded": lambda t: t[:, :, :40].contiguous().view(96, 40), "transpose": lambda t: t.transpose(1, 2),
+           "slice_inside_sticks": lambda t: t[:, 1:5, 3:40]}[case](x)
+    dst = torch.empty(src.shape, device="spyre")
+    layout = storage.allocation_of(dst).meta["layout"]
+    index, _, _, lanes = device_tensor._copy_map(storage.allocation_of(src).meta["layout"], tuple(src.shape),
+                                                 tuple(src.stride()), src.storage_offset(), layout)
+    assert (lanes, index.size) == ((layout.lanes, layout.device_numel // layout.lanes) if by_stick
+                                   else (0, layout.device_numel))
+    device_tensor.copy_within(src, dst)
+    assert torch.equal(dst.cpu(), src.cpu())
 
 
 def test_device_to_device_copy_gathers_only_bit_moves():
@@ -166,7 +189,7 @@ def test_device_to_device_copy_maps_are_bounded_by_bytes(monkeypatch):
     for length in range(8, 64, 4):  # 14 geometries of 8-60 KiB maps
         got = xd[:, :length].transpose(1, 2).contiguous()
         assert torch.equal(got.cpu(), x[:, :length].transpose(1, 2).contiguous())
-        kept = sum(i.nbytes + (0 if p is None else p.nbytes) for i, p, _ in device_tensor._copy_maps.values())
+        kept = sum(i.nbytes + (0 if p is None else p.nbytes) for i, p, *_ in device_tensor._copy_maps.values())
         assert kept == device_tensor._copy_maps.weight <= 64 << 10
     assert 0 < len(device_tensor._copy_maps) < 14
     big = torch.randn(4, 128, 64).to("spyre")

@@ -336,10 +336,13 @@ def copy_within(src: torch.Tensor, dst: torch.Tensor) -> tuple[Transfer, Transfe
     d_layout: StickLayout = d_alloc.meta["layout"]
     if not _is_whole(dst, d_layout):
         return None
-    index, padding, read_bytes = _copy_map(s_alloc.meta["layout"], tuple(src.shape), tuple(src.stride()),
-                                           src.storage_offset(), d_layout)
+    index, padding, read_bytes, lanes = _copy_map(s_alloc.meta["layout"], tuple(src.shape), tuple(src.stride()),
+                                                  src.storage_offset(), d_layout)
     dev = _device_array(d_alloc)
-    dev[:] = _device_array(s_alloc).take(index)
+    if lanes:  # whole sticks: a gather of 128-byte rows ('clip' writes into dev without a buffer; no index is out of range)
+        _device_array(s_alloc).reshape(-1, lanes).take(index, axis=0, out=dev.reshape(-1, lanes), mode="clip")
+    else:
+        dev[:] = _device_array(s_alloc).take(index)
     if padding is not None:
         dev[padding] = 0
     d_alloc.has_data = True
@@ -349,14 +352,16 @@ def copy_within(src: torch.Tensor, dst: torch.Tensor) -> tuple[Transfer, Transfe
 # Each map is as large as its destination (an index per device element), and a shape that changes every step
 # (a growing KV cache's permuted view made contiguous) makes a new one: bounded by bytes, not entries.
 _COPY_MAP_BUDGET = 64 << 20
-_copy_maps: BoundedCache[tuple, tuple[np.ndarray, np.ndarray | None, int]] = BoundedCache(_COPY_MAP_BUDGET)
+_copy_maps: BoundedCache[tuple, tuple[np.ndarray, np.ndarray | None, int, int]] = BoundedCache(_COPY_MAP_BUDGET)
 
 
 def _copy_map(s_layout: StickLayout, shape: tuple[int, ...], stride: tuple[int, ...], offset: int,
-              d_layout: StickLayout) -> tuple[np.ndarray, np.ndarray | None, int]:
+              d_layout: StickLayout) -> tuple[np.ndarray, np.ndarray | None, int, int]:
     """For :func:`copy_within`: the source device element of each destination device element, the
-    destination's padding positions (None if none) and the device bytes the read touches; the most
-    recently used maps are kept, up to ``_COPY_MAP_BUDGET`` bytes."""
+    destination's padding positions (None if none), the device bytes the read touches and 0; or, where every
+    destination stick is one whole source stick (the elements of a stick stay together, as in most reshapes
+    and permutes that keep the sticked dim), the source stick of each destination stick, the padding, the
+    bytes and the lanes of a stick. The most recently used maps are kept, up to ``_COPY_MAP_BUDGET`` bytes."""
     key = (s_layout, shape, stride, offset, d_layout)
     found = _copy_maps.get(key)
     if found is None:
@@ -366,7 +371,7 @@ def _copy_map(s_layout: StickLayout, shape: tuple[int, ...], stride: tuple[int, 
 
 
 def _make_copy_map(s_layout: StickLayout, shape: tuple[int, ...], stride: tuple[int, ...], offset: int,
-                   d_layout: StickLayout) -> tuple[np.ndarray, np.ndarray | None, int]:
+                   d_layout: StickLayout) -> tuple[np.ndarray, np.ndarray | None, int, int]:
     host = _host_indices_of(shape, stride, offset)
     offsets = s_layout.device_offsets(host)
     contiguous = all(st == want for size, st, want in zip(shape, stride, row_major_strides(shape)) if size != 1)
@@ -376,12 +381,37 @@ def _make_copy_map(s_layout: StickLayout, shape: tuple[int, ...], stride: tuple[
         read_bytes = _touched_bytes(offsets, s_layout)
     index = d_layout.pack(offsets, fill=-1)
     padding = np.flatnonzero(index < 0) if d_layout.padding else None
+    small = np.int32 if s_layout.device_numel < 2**31 else np.int64
+    sticks = _whole_sticks(index, d_layout.lanes, s_layout.device_numel)
+    if sticks is not None:
+        sticks = sticks.astype(small)
+        sticks.flags.writeable = False
+        return sticks, padding, read_bytes, d_layout.lanes
     if padding is not None:
         index[padding] = 0
-    small = np.int32 if s_layout.device_numel < 2**31 else np.int64
     index = index.astype(small)
     index.flags.writeable = False
-    return index, padding, read_bytes
+    return index, padding, read_bytes, 0
+
+
+def _whole_sticks(index: np.ndarray, lanes: int, source_numel: int) -> np.ndarray | None:
+    """The source stick of each destination stick when ``index`` (the source element of each destination
+    element, -1 at padding) maps every destination stick onto one source stick lane for lane (padding lanes
+    may take anything: they are zeroed after the copy), else None."""
+    if index.size % lanes or source_numel % lanes:
+        return None
+    rows = index.reshape(-1, lanes)
+    starts = rows - np.arange(lanes)  # where each used lane says its row's source stick starts
+    used = rows >= 0
+    first = np.where(used, starts, np.iinfo(starts.dtype).max).min(axis=1)
+    last = np.where(used, starts, -1).max(axis=1)
+    padding_only = ~used.any(axis=1)
+    if not np.all((first == last) | padding_only):
+        return None
+    first[padding_only] = 0
+    if np.any(first % lanes):
+        return None  # the rows start inside a source stick
+    return first // lanes
 
 
 # --- public layout API -------------------------------------------------------------------------
