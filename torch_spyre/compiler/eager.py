@@ -212,18 +212,19 @@ def _written_overlaps(info: Any, bound: list[Any]) -> bool:
 # Signatures
 # ---------------------------------------------------------------------------------------------
 def _tensor_signature(t: torch.Tensor, storages: dict[int, int]) -> tuple:
-    alloc = allocation_of(t)
+    storage = t.untyped_storage()  # (once: the allocation and the storage group both come from it)
+    alloc = allocation_of(storage)
     layout = alloc.meta["layout"] if alloc is not None else None
-    group = storages.setdefault(_storage_key(t), len(storages))
+    group = storages.setdefault(storage.data_ptr(), len(storages))
     # The storage offset too: programs are generated per placement, and a view that starts inside a
     # stick can be refused where one on a stick boundary was not.
     return ("T", tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, layout, group)
 
 
 def _value_signature(v: Any, storages: dict[int, int]) -> Any:
-    if isinstance(v, torch.Tensor) and v.device.type != "spyre":  # a 0-d CPU scalar: a constant
-        return ("C", v.dtype, _value_signature(v.item(), storages))
     if isinstance(v, torch.Tensor):
+        if v.device.type != "spyre":  # a 0-d CPU scalar: a constant
+            return ("C", v.dtype, _value_signature(v.item(), storages))
         return _tensor_signature(v, storages)
     if isinstance(v, (list, tuple)):
         return (type(v).__name__, tuple(_value_signature(x, storages) for x in v))
@@ -237,8 +238,8 @@ def signature(op: OpOverload, args: tuple, kwargs: dict, card: int) -> tuple:
     fp32 matmul precision and what else a generated program depends on (the optimizations switched off,
     a forced core count: ``kernel_runtime.generation_key``)."""
     storages: dict[int, int] = {}
-    return (op, tuple(_value_signature(a, storages) for a in args),
-            tuple(sorted((k, _value_signature(v, storages)) for k, v in kwargs.items())),
+    return (op, tuple([_value_signature(a, storages) for a in args]),
+            tuple(sorted([(k, _value_signature(v, storages)) for k, v in kwargs.items()])) if kwargs else (),
             card, id(cards.card(card).config), torch.get_float32_matmul_precision(), generation_key())
 
 
