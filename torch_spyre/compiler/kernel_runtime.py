@@ -305,8 +305,8 @@ class SpyreKernel:
         it is copied, one stick, per call (the value may change between calls). Anything else on the CPU
         (a non-0-dim tensor, or one the kernel writes) is still refused by ``placements``: torch refuses
         to mix those with device tensors too."""
-        scalars = [n for n in self._reads if isinstance(args.get(n), torch.Tensor) and args[n].device.type == "cpu"
-                   and args[n].dim() == 0]
+        scalars = [n for n in self._reads if (v := args.get(n)) is not None and isinstance(v, torch.Tensor)
+                   and v.is_cpu and v.dim() == 0]
         if not scalars:
             return args
         card = next((args[b.name].device for b in self.spec.buffers if isinstance(args.get(b.name), torch.Tensor)
@@ -338,6 +338,8 @@ class SpyreKernel:
         return {name: copied(name, v) for name, v in args.items()}
 
     def _symbol_values(self, args: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+        if not self.spec.symbols:  # (eager programs are static)
+            return ()
         missing = [s for s in self.spec.symbols if s not in args]
         if missing:
             raise TypeError(f"kernel {self.name} is symbolic in {self.spec.symbols} and was called without "

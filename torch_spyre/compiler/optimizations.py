@@ -109,7 +109,15 @@ def disabled(*names: str) -> Iterator[None]:
 
 def fingerprint() -> str:
     """The disabled set as it enters the compiler's cache key."""
+    local = getattr(_local, "disabled", None)
+    if not local:  # (every eager op and launch asks: the environment's alone, memoized per value)
+        return _env_fingerprint(os.environ.get(ENV, ""))
     return _joined(disabled_set())
+
+
+@functools.lru_cache(maxsize=16)
+def _env_fingerprint(raw: str) -> str:
+    return _joined(_parse_env(raw))
 
 
 @functools.lru_cache(maxsize=64)
