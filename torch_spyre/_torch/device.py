@@ -113,7 +113,11 @@ def torch_dispatch_disabled() -> bool:
     the Python dispatch key excluded). Torch's tracers do so to compute on real tensors (fake tensors'
     constant propagation and fallback kernels, Inductor's constant inlining); nothing traced with fake
     tensors can run there (making a fake tensor then fails an assertion)."""
-    return torch._C._dispatch_tls_local_exclude_set().has(torch._C.DispatchKey.Python)
+    return _is_excluded(_PYTHON_KEY)  # (one call: every eager op asks)
+
+
+_is_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+_PYTHON_KEY = torch._C.DispatchKey.Python
 
 
 def set_composite_python_kernel(op: Any, fn: Callable[..., Any]) -> None:

@@ -58,10 +58,18 @@ _compile_lock = threading.Lock()  # one Inductor compilation at a time
 
 def mode() -> str:
     """``TORCH_SPYRE_EAGER``: ``compile`` (single-op programs) or ``host`` (every op on the host)."""
-    value = os.environ.get("TORCH_SPYRE_EAGER", DEFAULT_MODE).strip().lower() or DEFAULT_MODE
-    if value not in MODES:
-        raise ValueError(f"TORCH_SPYRE_EAGER={value!r} is not one of {', '.join(MODES)}")
+    raw = os.environ.get("TORCH_SPYRE_EAGER", DEFAULT_MODE)
+    value = _modes.get(raw)  # (every op asks: each distinct value is checked once)
+    if value is None:
+        value = raw.strip().lower() or DEFAULT_MODE
+        if value not in MODES:
+            raise ValueError(f"TORCH_SPYRE_EAGER={value!r} is not one of {', '.join(MODES)}")
+        if len(_modes) < 16:
+            _modes[raw] = value
     return value
+
+
+_modes: dict[str, str] = {}
 
 
 def active() -> bool:
