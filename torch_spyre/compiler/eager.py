@@ -39,6 +39,7 @@ from .._torch import device as torch_device
 from .._torch import inductor as torch_inductor
 from .._torch.device import OpOverload, version_of
 from ..device import cards
+from ..device.copy import contiguous_copy
 from ..device.op_call import (bound_args, flat_tensors, map_tensors, resize_written, rewrap_numbers,
                               write_only_outs, written_args)
 from ..device.storage import allocation_of
@@ -486,7 +487,7 @@ def _operands_in_walkable_views(info: Any, args: tuple, kwargs: dict) -> tuple[t
     def fix(i: int, v: Any) -> Any:
         if (i not in written and isinstance(v, torch.Tensor) and v.device.type == "spyre"
                 and not walks_allocation_dims(v)):
-            return v.clone(memory_format=torch.contiguous_format)
+            return contiguous_copy(v)  # (v.clone(memory_format=torch.contiguous_format), less dispatch)
         return v
 
     args = tuple(fix(i, v) for i, v in enumerate(args))

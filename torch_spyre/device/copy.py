@@ -101,3 +101,12 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
             details={"bytes": written.device_bytes, "from": f"spyre:{s_card}"},
         )
     return dst
+
+
+def contiguous_copy(src: torch.Tensor) -> torch.Tensor:
+    """``src.clone(memory_format=torch.contiguous_format)`` of a spyre tensor, for callers already inside a
+    spyre kernel (the compiler's eager runner copying an operand): the same new tensor and the same copy
+    (``copy_from``, its time and transfers), without the dispatcher's two round trips into Python kernels
+    (``empty.memory_format`` and ``_copy_from``)."""
+    out = tensor.empty_strided(src.shape, tensor.contiguous_strides(src.shape), src.dtype, _card(src))
+    return copy_from(src, out)
