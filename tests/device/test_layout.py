@@ -148,7 +148,8 @@ def test_device_to_device_copy_moves_whole_sticks_where_it_can(case, by_stick):
     from torch_spyre.device import tensor as device_tensor
 
     x = torch.randn(8, 12, 64).to("spyre")
-    src = {"reshape": lambda t: t.view(96, 64), "permute_keeping_the_sticked_dim": lambda t: t.view(8, 12, 2, 32).permute(0, 2, 1, 3),
+    src = {"reshape": lambda t: t.view(96, 64),
+           "permute_keeping_the_sticked_dim": lambda t: t.view(8, 12, 2, 32).permute(0, 2, 1, 3),
            "padded": lambda t: t[:, :, :40].contiguous().view(96, 40), "transpose": lambda t: t.transpose(1, 2),
            "slice_inside_sticks": lambda t: t[:, 1:5, 3:40]}[case](x)
     dst = torch.empty(src.shape, device="spyre")

@@ -95,6 +95,7 @@ assert _DESCRIPTOR.size == ctypes.sizeof(_DLManagedTensor) + 8
 assert struct.calcsize("@P2i iBBH") == _DLTensor.shape.offset and struct.calcsize("@P2i iBBH PPQ") == ctypes.sizeof(_DLTensor)
 _HEAD_SIZE = ctypes.sizeof(_DLManagedTensor)
 _strided: dict[int, struct.Struct] = {}  # ndim -> the descriptor with ndim shape and ndim stride entries
+_devices: dict[int, torch.device] = {}  # card -> torch.device("spyre", card), to check each import against
 
 
 def _strided_descriptor(ndim: int) -> struct.Struct:
@@ -103,7 +104,6 @@ def _strided_descriptor(ndim: int) -> struct.Struct:
         found = _strided[ndim] = struct.Struct(f"{_HEAD} {ndim}q {ndim}q")
         assert found.size == _HEAD_SIZE + 16 * ndim
     return found
-_devices: dict[int, torch.device] = {}  # card -> torch.device("spyre", card), to check each import against
 
 
 def storage_tensor(card: int, alloc: Allocation | None, dtype: torch.dtype, numel: int,

@@ -339,7 +339,7 @@ def copy_within(src: torch.Tensor, dst: torch.Tensor) -> tuple[Transfer, Transfe
     index, padding, read_bytes, lanes = _copy_map(s_alloc.meta["layout"], tuple(src.shape), tuple(src.stride()),
                                                   src.storage_offset(), d_layout)
     dev = _device_array(d_alloc)
-    if lanes:  # whole sticks: a gather of 128-byte rows ('clip' writes into dev without a buffer; no index is out of range)
+    if lanes:  # whole sticks: a gather of 128-byte rows ('clip': into dev without a buffer; no index is out of range)
         _device_array(s_alloc).reshape(-1, lanes).take(index, axis=0, out=dev.reshape(-1, lanes), mode="clip")
     else:
         dev[:] = _device_array(s_alloc).take(index)
