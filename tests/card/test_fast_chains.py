@@ -305,3 +305,16 @@ def test_operands_bound_over_a_stored_one_run_unfused(card, monkeypatch):
         assert prepared.executor.unfused_plan is not None and prepared.executor.unfused_plan.chains == 0
     finally:
         card.memory.free(block)
+
+
+@pytest.mark.parametrize("shape", [(48, 128, 64), (96, 192, 64), (8, 128, 64)])
+def test_a_chain_stack_over_cores_and_k_is_one_gemm_per_item(shape):
+    """A chain's products are np.matmul over (cores, k) stacks, A broadcast over the cores (stride 0):
+    numpy's loop runs one BLAS GEMM per item, decided from the item's own strides
+    (numpy/_core/src/umath/matmul.c.src), so each is the product the member's own step computes."""
+    m, k, n = shape
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((1, 18, m, k), dtype=np.float32)
+    b = rng.standard_normal((4, 18, k, n), dtype=np.float32)
+    stacked = np.matmul(a, b)
+    assert all(np.matmul(a[0, j], b[c, j]).tobytes() == stacked[c, j].tobytes() for c in range(4) for j in range(18))

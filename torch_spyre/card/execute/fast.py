@@ -15,12 +15,18 @@ bytes, races, deadlocks), so once one checked run has passed, later runs skip th
   bits equal those of a tile an earlier step decoded (one nothing has rewritten since: known at planning;
   or this very tile before steps rewrote it, whose raw bits are copied to compare with) takes its
   values. The bits are compared at every run, until they once differ (for tiles big enough to pay);
-- consecutive alike vector instructions of one core are first joined into one (``runs``).
+- consecutive alike vector instructions of one core are first joined into one (``runs``);
+- a matmul's K loop (a chain of accumulating MatMuls into one out tile) runs as one step reading its A
+  and B tiles straight from the device memory its DMA loads (and ring sends) brought them from, and the
+  DMA loads and ring sends whose scratchpad bytes nothing then reads are dropped (``chains``). A binding
+  where an operand the chains read overlaps one the program stores to runs a plan without chains.
 
 Bit identity: an elementwise op's result for one element does not depend on where it sits in the array
 (``tests/card/test_vector_ops.py`` checks it for each op, NaNs included; every computed NaN is written as
 one NaN); a batched matmul is numpy's stack of one single-threaded BLAS GEMM per core, of the checked
-executor's shapes (a stride-0 batch operand too: numpy decides BLAS per item from the item's strides). Reductions and the ops torch computes (``vector_ops.POSITION_DEPENDENT_OPS``) run core
+executor's shapes (a stride-0 batch operand too: numpy decides BLAS per item from the item's strides),
+and a chain's products are such a stack over (cores, k), summed in the steps' order with each step's own
+add. Reductions and the ops torch computes (``vector_ops.POSITION_DEPENDENT_OPS``) run core
 by core on the checked executor's very shapes: how an array is walked decides the order of numpy's sums,
 which NaN a max returns, and how torch rounds an array's tail.
 A single core's instruction uses exactly the checked executor's views. What depends on data is still
