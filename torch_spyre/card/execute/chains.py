@@ -27,6 +27,7 @@ keeping a step.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -34,7 +35,7 @@ from typing import Sequence
 import numpy as np
 
 from .. import vector_ops
-from ...program import STICK_BYTES, DmaGather, DmaLoad, DmaStore, Elementwise, Instruction, MatMul, Program, Reduce, RingSend, SpTensor
+from ...program import SP_DTYPES, STICK_BYTES, DmaGather, DmaLoad, DmaStore, Elementwise, Instruction, MatMul, Program, Reduce, RingSend, SpTensor
 
 # A chain of one MatMul is left to the plain step: nothing to batch over k.
 MIN_CHAIN = 2
@@ -303,21 +304,30 @@ class _Provenance:
     def device_maps(self, cores: list[int], t: SpTensor) -> list[tuple[int, np.ndarray]] | None:
         """Per core: (operand, device byte offset of each of ``t``'s elements), or None when on some core
         an element has no provenance, they come from two operands, or the view leaves the scratchpad."""
-        isz = t.itemsize
-        addr = _grid(t.offset, t.shape, tuple(s * isz for s in t.strides))
-        if addr.size == 0 or int(addr.min()) < 0 or t.offset % isz or any(s % 2 for s in t.strides if isz == 1):
+        sticks = _tile_sticks(t.offset, t.dtype, t.shape, t.strides)
+        if sticks is None or int(sticks[0][-1]) >= self.sticks:
             return None
-        stick, within = addr // STICK_BYTES, addr % STICK_BYTES
-        if int(stick.max()) >= self.sticks:
-            return None
+        distinct, at, within = sticks
         rows = np.asarray(cores)[:, None]
-        flat = stick.reshape(-1)
-        ops = self.operand[rows, flat]
+        ops = self.operand[rows, distinct]
         j = int(ops[0, 0])
         if j < 0 or (ops != j).any():
             return None
-        dev = self.offset[rows, flat].reshape(len(cores), *addr.shape) + within
+        dev = self.offset[rows, distinct][:, at] + within
         return [(j, d) for d in dev]
+
+
+@functools.lru_cache(maxsize=1024)
+def _tile_sticks(offset: int, dtype: str, shape: tuple, strides: tuple) -> tuple | None:
+    """A scratchpad view's sticks: (the distinct sticks, sorted; each element's index into them; each
+    element's byte within its stick), or None for an empty view, one reaching below the scratchpad, or
+    elements that could straddle sticks. Planning asks for the same views again and again."""
+    isz = SP_DTYPES[dtype]
+    addr = _grid(offset, shape, tuple(s * isz for s in strides))
+    if addr.size == 0 or int(addr.min()) < 0 or offset % isz:
+        return None
+    distinct, at = np.unique(addr // STICK_BYTES, return_inverse=True)
+    return distinct, at.reshape(addr.shape), addr % STICK_BYTES
 
 
 def _factor(dev: np.ndarray, stick_elems: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
