@@ -83,6 +83,7 @@ def kloop(ncores: int = 3, ks: int = 4, mtiles: int = 1, ring: bool = False, ini
     a_pat = DmaPattern((2, M, 1), (rows * 128, 128, 0), (128, 256, A_TILE))
     outs = [SpTensor(OUT_SP + m * OUT_TILE, "float32", (M, N), (N, 1)) for m in range(mtiles)]
     spare = SpTensor(SPARE_SP, "float32", (M, N), (N, 1))
+    store_spare = DmaStore(Addr("z", 0), SPARE_SP, DmaPattern.contiguous(OUT_TILE // 128))
     cores = {}
     for c in range(ncores):
         prog = []
@@ -103,9 +104,9 @@ def kloop(ncores: int = 3, ks: int = 4, mtiles: int = 1, ring: bool = False, ini
                 a = SpTensor(slot, "dlfloat16", (M, K), (K, 1))
                 prog.append(MatMul(outs[m], a, SpTensor(b_sp, "dlfloat16", (K, N), (N, 1)), accumulate=initial or k > 0))
                 if c == 0 and read_a and k == 0 and m == 0:
-                    prog += [Elementwise("exp", spare, (SpTensor(slot, "dlfloat16", (M, N), (K, 1)),)), DmaStore(Addr("z", 0), SPARE_SP, DmaPattern.contiguous(OUT_TILE // 128))]
+                    prog += [Elementwise("exp", spare, (SpTensor(slot, "dlfloat16", (M, N), (K, 1)),)), store_spare]
             if c == 0 and k == read_out_at:
-                prog += [Elementwise("copy", spare, (outs[0],)), DmaStore(Addr("z", 0), SPARE_SP, DmaPattern.contiguous(OUT_TILE // 128))]
+                prog += [Elementwise("copy", spare, (outs[0],)), store_spare]
         prog += [DmaStore(Addr("y", (c * mtiles + m) * OUT_TILE), o.offset, DmaPattern.contiguous(OUT_TILE // 128))
                  for m, o in enumerate(outs)]
         if c == 0 and store_a:

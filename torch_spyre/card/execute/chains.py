@@ -35,7 +35,8 @@ from typing import Sequence
 import numpy as np
 
 from .. import vector_ops
-from ...program import SP_DTYPES, STICK_BYTES, DmaGather, DmaLoad, DmaStore, Elementwise, Instruction, MatMul, Program, Reduce, RingSend, SpTensor
+from ...program import (SP_DTYPES, STICK_BYTES, DmaGather, DmaLoad, DmaStore, Elementwise, Instruction, MatMul, Program,
+                        Reduce, RingSend, SpTensor)
 
 # A chain of one MatMul is left to the plain step: nothing to batch over k.
 MIN_CHAIN = 2
@@ -371,7 +372,8 @@ def _device_tile(per_member: list[list[tuple[int, np.ndarray]]]) -> DeviceTile |
                 return None
             origins.append(origin)
         step = origins[1] - origins[0] if len(origins) > 1 else 0
-        if any(y - x != step for x, y in zip(origins, origins[1:])) or (core_stride is not None and step != core_stride):
+        uneven = any(y - x != step for x, y in zip(origins, origins[1:]))
+        if uneven or (core_stride is not None and step != core_stride):
             return None
         core_stride = step
         if origins[0] % 2:
