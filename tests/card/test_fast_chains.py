@@ -319,3 +319,25 @@ def test_a_chain_stack_over_cores_and_k_is_one_gemm_per_item(shape):
     b = rng.standard_normal((4, 18, k, n), dtype=np.float32)
     stacked = np.matmul(a, b)
     assert all(np.matmul(a[0, j], b[c, j]).tobytes() == stacked[c, j].tobytes() for c in range(4) for j in range(18))
+
+
+def test_members_of_different_shapes_do_not_chain(card):
+    """A K loop whose last tile is shorter (a leftover K): its tiles do not stack with the others, so it
+    runs as plain steps (as a chain fails to form on anything planning cannot view as one array)."""
+    a_full, a_half = SpTensor(0, "dlfloat16", (M, K), (K, 1)), SpTensor(A_TILE, "dlfloat16", (M, 64), (64, 1))
+    b_full = SpTensor(B_SP, "dlfloat16", (K, N), (N, 1))
+    b_half = SpTensor(B_SP + B_TILE, "dlfloat16", (64, N), (N, 1))
+    out = SpTensor(OUT_SP, "float32", (M, N), (N, 1))
+    a_bytes, b_bytes = 3 * M * 128, (K + 64) * 128
+    core = [DmaLoad(Addr("a", 0), 0, DmaPattern.contiguous(2 * M)),
+            DmaLoad(Addr("a", 2 * M * 128), A_TILE, DmaPattern.contiguous(M)),
+            DmaLoad(Addr("b", 0), B_SP, DmaPattern.contiguous(K)),
+            DmaLoad(Addr("b", K * 128), B_SP + B_TILE, DmaPattern.contiguous(64)),
+            MatMul(out, a_full, b_full), MatMul(out, a_half, b_half, accumulate=True),
+            DmaStore(Addr("y", 0), OUT_SP, DmaPattern.contiguous(OUT_TILE // 128))]
+    program = Program("leftover_k", [Operand("a", a_bytes), Operand("b", b_bytes), Operand("y", OUT_TILE, access="out")],
+                      {0: core})
+    plan = FastPlan(program, card)
+    assert plan.chains == 0 and plan.dropped_steps == 0
+    data = {"a": _random_bytes(a_bytes, "dlfloat16", 12), "b": _random_bytes(b_bytes, "dlfloat16", 13)}
+    assert_identical(both_ways(card, program, data, plan))

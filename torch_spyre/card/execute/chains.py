@@ -356,30 +356,21 @@ def _device_tile(per_member: list[list[tuple[int, np.ndarray]]]) -> DeviceTile |
     operand = per_member[0][0][0]
     shape = per_member[0][0][1].shape
     first = _factor(per_member[0][0][1], STICK_BYTES // 2)
-    if first is None:
+    if first is None or any(j != operand or d.shape != shape for tiles in per_member for j, d in tiles):
         return None
     split, strides = first
-    if any(s % 2 for s in strides):
+    dev = np.stack([np.stack([d for _, d in tiles]) for tiles in per_member])  # (members, cores, *shape)
+    origins = dev.reshape(*dev.shape[:2], -1)[:, :, 0]
+    if any(s % 2 for s in strides) or (origins[:, 0] % 2).any():
         return None
-    bases, core_stride = [], None
-    for tiles in per_member:
-        origins = []
-        for j, dev in tiles:
-            if j != operand or dev.shape != shape:
-                return None
-            origin = int(dev.flat[0])
-            if not np.array_equal(dev.reshape(split), _grid(origin, split, strides)):
-                return None
-            origins.append(origin)
-        step = origins[1] - origins[0] if len(origins) > 1 else 0
-        uneven = any(y - x != step for x, y in zip(origins, origins[1:]))
-        if uneven or (core_stride is not None and step != core_stride):
-            return None
-        core_stride = step
-        if origins[0] % 2:
-            return None
-        bases.append(origins[0])
-    return DeviceTile(operand, shape, split, strides, core_stride or 0, tuple(bases))
+    steps = np.diff(origins, axis=1)
+    core_stride = int(steps.flat[0]) if steps.size else 0
+    if (steps != core_stride).any():
+        return None
+    tile = _grid(0, split, strides)
+    if not np.array_equal(dev.reshape(*dev.shape[:2], *split), origins.reshape(*origins.shape, *[1] * len(split)) + tile):
+        return None
+    return DeviceTile(operand, shape, split, strides, core_stride, tuple(int(o) for o in origins[:, 0]))
 
 
 def _dead_writes(order: list[tuple[int, int]], info: dict[tuple[int, int], _Unit], fusion: Fusion,
