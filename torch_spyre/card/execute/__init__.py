@@ -32,8 +32,8 @@ Time is not computed here (see card/timing); :class:`ExecutionStats` only counts
 Modules: ``driver`` (the run loop, deadlocks, ``execute``, ``resolve_addresses``), ``dma`` (the DMA
 engine), ``compute`` (PE arrays and vector unit), ``ring`` (ring and sync), ``access`` (scratchpad
 bounds and written-byte checks), ``races`` (the device-memory race check), ``scratchpad_races`` (ring
-transfers against the receiver's uses), ``proof`` (checked or fast), ``schedule`` and ``fast`` (the fast
-executor), ``state`` (per-core state, scratchpads, ``ExecutionError``), ``stats`` (``ExecutionStats``). The vector ops' semantics are
+transfers against the receiver's uses), ``proof`` (checked or fast), ``schedule``, ``chains`` and ``fast`` (the
+fast executor), ``state`` (per-core state, scratchpads, ``ExecutionError``), ``stats`` (``ExecutionStats``). The vector ops' semantics are
 :mod:`torch_spyre.card.vector_ops`.
 """
 

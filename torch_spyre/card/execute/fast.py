@@ -15,12 +15,18 @@ bytes, races, deadlocks), so once one checked run has passed, later runs skip th
   bits equal those of a tile an earlier step decoded (one nothing has rewritten since: known at planning;
   or this very tile before steps rewrote it, whose raw bits are copied to compare with) takes its
   values. The bits are compared at every run, until they once differ (for tiles big enough to pay);
-- consecutive alike vector instructions of one core are first joined into one (``runs``).
+- consecutive alike vector instructions of one core are first joined into one (``runs``);
+- a matmul's K loop (a chain of accumulating MatMuls into one out tile) runs as one step reading its A
+  and B tiles straight from the device memory its DMA loads (and ring sends) brought them from, and the
+  DMA loads and ring sends whose scratchpad bytes nothing then reads are dropped (``chains``). A binding
+  where an operand the chains read overlaps one the program stores to runs a plan without chains.
 
 Bit identity: an elementwise op's result for one element does not depend on where it sits in the array
 (``tests/card/test_vector_ops.py`` checks it for each op, NaNs included; every computed NaN is written as
 one NaN); a batched matmul is numpy's stack of one single-threaded BLAS GEMM per core, of the checked
-executor's shapes (a stride-0 batch operand too: numpy decides BLAS per item from the item's strides). Reductions and the ops torch computes (``vector_ops.POSITION_DEPENDENT_OPS``) run core
+executor's shapes (a stride-0 batch operand too: numpy decides BLAS per item from the item's strides),
+and a chain's products are such a stack over (cores, k), summed in the steps' order with each step's own
+add. Reductions and the ops torch computes (``vector_ops.POSITION_DEPENDENT_OPS``) run core
 by core on the checked executor's very shapes: how an array is walked decides the order of numpy's sums,
 which NaN a max returns, and how torch rounds an array's tail.
 A single core's instruction uses exactly the checked executor's views. What depends on data is still
@@ -37,6 +43,7 @@ import numpy as np
 from ...program import STICK_BYTES, DmaGather, DmaLoad, DmaStore, Elementwise, MatMul, Program, Reduce, RingSend, Scalar, SpTensor
 from .. import vector_ops
 from .dma import gather_index_problem, gather_rows
+from .chains import Chain, DeviceTile, DeviceTileReader, Fusion, plan_fusion
 from .driver import single_threaded_pools
 from .runs import joined_cores
 from .schedule import Group, lockstep_rounds
@@ -54,7 +61,7 @@ SAME_BITS_MIN_ELEMENTS = 4096
 class FastPlan:
     """A proved program, planned for one card's scratchpads: run it with :meth:`run`."""
 
-    def __init__(self, program: Program, card: Any):
+    def __init__(self, program: Program, card: Any, fuse: bool = True):
         self.program = program
         # Runs of alike vector instructions joined (``runs``): index (core, i) is into these lists, and
         # ``origin[core][i]`` is that instruction's index in the program (DMA addresses, errors).
@@ -83,9 +90,19 @@ class FastPlan:
         self._operand_index = {o.name: j for j, o in enumerate(program.operands)}
         self._dma_of: dict[int, tuple[int, int, int]] = {}
         self._regions: list[tuple[np.ndarray, int] | None] = [None] * len(program.operands)
-        for groups in lockstep_rounds(program, self.cores):
-            for group in groups:
-                self.steps.extend(self._plan(group))
+        self._device_tiles: dict = {}  # one run's chain tiles decoded from device memory (``chains``)
+        groups = [(group, self._units(group)) for rounds in lockstep_rounds(program, self.cores) for group in rounds]
+        # Matmul K loops as one step, and the DMA loads and ring sends nothing then reads dropped
+        # (``chains``); planned for programs with matmuls, the only ones that have such loops.
+        has_matmul = any(isinstance(i, MatMul) for _, _, i in program.instructions())
+        fusion = plan_fusion(program, self.cores, [runs for _, runs in groups], self.pads.block.shape[0],
+                             self.pads.nbytes) if fuse and has_matmul else Fusion()
+        self.chain_operands = frozenset(fusion.operands)  # read from device memory by chains
+        self.chains, self.dropped_steps = len(fusion.chains), len(fusion.dead)
+        for g, (group, runs) in enumerate(groups):
+            for u, step in enumerate(self._plan(group, runs, fusion, g)):
+                if step is not None and (g, u) not in fusion.dead:
+                    self.steps.append(step)
         # BLAS (matmul) and torch's kernels (the position-dependent ops) split work over threads, which
         # can change a result's bits: they run on one thread, as in the checked executor. Limiting the
         # pools costs ~0.3 ms, more than a small program's whole run, so only these programs pay it.
@@ -115,6 +132,7 @@ class FastPlan:
                 self._slots[:] = [None] * len(self._slots)
                 self._bits.update(dict.fromkeys(self._bits))
                 self._regions[:] = [None] * len(self._regions)
+                self._device_tiles.clear()
 
     def _regions_of(self, memory: Any, dma_addresses: dict) -> None:
         """Where each DMA'd operand lies in host memory this run. Binding proved every operand inside one
@@ -126,40 +144,56 @@ class FastPlan:
             regions[j] = (alloc.buffer, off)
 
     # --- planning --------------------------------------------------------------------------------
-    def _plan(self, group: Group) -> list[Step]:
+    def _units(self, group: Group) -> list[list[tuple[int, int]]]:
+        """How a group's members split into steps: one list of (core, index) per step."""
         members = group.members
         ins0 = self.cores[members[0][0]][members[0][1]]
         if isinstance(ins0, (DmaLoad, DmaStore)):
-            return self._plan_dma(members)
-        if isinstance(ins0, DmaGather):
-            return [self._gather(c, i) for c, i in members]
+            if not ins0.pattern.sticks:
+                return []
+            strides = ins0.pattern.dram_strides + ins0.pattern.sp_strides
+            if 0 in strides:  # several sticks onto one: keep the checked executor's exact copy, core by core
+                return [[m] for m in members]
+            offsets = [(ins.src if isinstance(ins, DmaLoad) else ins.dst).offset
+                       for ins in (self.cores[c][i] for c, i in members)]
+            return [[members[j] for j in run] for run in even_runs([c for c, _ in members], offsets)]
         if isinstance(ins0, RingSend):
-            return [self._ring_send([(c, self.cores[c][i].dst_core) for c, i in members], ins0)]
-        if isinstance(ins0, Reduce) or (isinstance(ins0, Elementwise) and ins0.op in vector_ops.POSITION_DEPENDENT_OPS):
+            return [list(members)]
+        if isinstance(ins0, (DmaGather, Reduce)) or (isinstance(ins0, Elementwise) and ins0.op in vector_ops.POSITION_DEPENDENT_OPS):
             # Per core, on the checked executor's shapes: how numpy's reductions walk an array decides the
             # order of their sums and which NaN (its sign) a max returns, and torch's kernels round an
-            # array's tail differently.
-            runs = [[m] for m in members]
-        else:
-            runs = even_runs([c for c, _ in members])
-            runs = [[members[j] for j in run] for run in runs]
-        make = {Elementwise: self._elementwise, MatMul: self._matmul, Reduce: self._reduce}[type(ins0)]
-        return [make(run, ins0) for run in runs]
+            # array's tail differently. (A gather reads its own indices.)
+            return [[m] for m in members]
+        return [[members[j] for j in run] for run in even_runs([c for c, _ in members])]
 
-    def _plan_dma(self, members: Sequence[tuple[int, int]]) -> list[Step]:
-        instrs = [self.cores[c][i] for c, i in members]
-        ins0 = instrs[0]
-        if not ins0.pattern.sticks:
-            return []
-        strides = ins0.pattern.dram_strides + ins0.pattern.sp_strides
-        if 0 in strides:  # several sticks onto one: keep the checked executor's exact copy, core by core
-            runs = [[j] for j in range(len(members))]
-        else:
-            offsets = [(ins.src if isinstance(ins, DmaLoad) else ins.dst).offset for ins in instrs]
-            runs = even_runs([c for c, _ in members], offsets)
-        if isinstance(ins0, DmaLoad):
-            self._wrote([c for c, _ in members], *ins0.pattern.sp_range(ins0.sp_offset))
-        return [self._dma([members[j] for j in run], ins0, [instrs[j] for j in run]) for run in runs]
+    def _plan(self, group: Group, runs: list[list[tuple[int, int]]], fusion: Fusion, g: int) -> list[Step | None]:
+        """One step per unit of ``runs`` (None: a chain member run by the chain's step)."""
+        members = group.members
+        ins0 = self.cores[members[0][0]][members[0][1]]
+        if isinstance(ins0, (DmaLoad, DmaStore)):
+            if not runs:
+                return []
+            if isinstance(ins0, DmaLoad):
+                self._wrote([c for c, _ in members], *ins0.pattern.sp_range(ins0.sp_offset))
+            return [self._dma(run, ins0, [self.cores[c][i] for c, i in run]) for run in runs]
+        if isinstance(ins0, DmaGather):
+            return [self._gather(*run[0]) for run in runs]
+        if isinstance(ins0, RingSend):
+            return [self._ring_send([(c, self.cores[c][i].dst_core) for c, i in run], ins0) for run in runs]
+        if isinstance(ins0, MatMul):
+            steps: list[Step | None] = []
+            for u, run in enumerate(runs):
+                chain = fusion.chains.get((g, u))
+                if chain is not None:
+                    steps.append(self._chain(run, chain))
+                elif (g, u) in fusion.fused:
+                    self._wrote_tensor(run, ins0.out)
+                    steps.append(None)
+                else:
+                    steps.append(self._matmul(run, ins0))
+            return steps
+        make = {Elementwise: self._elementwise, Reduce: self._reduce}[type(ins0)]
+        return [make(run, ins0) for run in runs]
 
     def _pad_view(self, run: Sequence[tuple[int, int]], offset: int, shape: tuple, strides: tuple,
                   dtype: np.dtype) -> np.ndarray:
@@ -476,6 +510,37 @@ class FastPlan:
             out[...] = vector_ops.encode(result, dout)
 
         return matmul
+
+    def _chain(self, run, chain: Chain) -> Step:
+        """A matmul K loop as one step (``chains``): every member's A and B tile decoded from device
+        memory in one batch, their products as numpy's stack of one single-threaded GEMM per (core,
+        member), of the very shapes and contiguity each member's step has, then summed in the members'
+        order, each add the step's own ``P_k + out`` (one fp32 add of the same two values). NaNs become
+        the one NaN at the end: NaN is sticky under +, so the final NaNs are the steps' NaNs."""
+        out = self._tensor(run, chain.out)
+        self._wrote_tensor(run, chain.out)
+        read_a, read_b = self._device_reader(chain.a, len(run)), self._device_reader(chain.b, len(run))
+        nan, initial, ncores = vector_ops.DEFAULT_NAN, chain.initial, len(run)
+        before = out if ncores > 1 else out[None]
+
+        def matmul_chain(memory: Any, dma_addresses: dict) -> None:
+            products = np.matmul(read_a(), read_b())  # (cores or 1, members, M, N)
+            total = products[:, 0]
+            if initial:
+                total = np.add(total, before)  # the first step's P_0 + out
+            for k in range(1, products.shape[1]):
+                np.add(products[:, k], total, out=total)
+            if np.isnan(total.min()):
+                total = np.where(np.isnan(total), nan, total)
+            out[...] = total if ncores > 1 else total[0]
+
+        return matmul_chain
+
+    def _device_reader(self, tile: DeviceTile, ncores: int) -> Callable[[], np.ndarray]:
+        def count(n: int) -> None:
+            self.decoded_elements += n
+
+        return DeviceTileReader(tile, ncores, self._regions, self._device_tiles, count)
 
     def _reduce(self, run, ins: Reduce) -> Step:
         read_inp, out = self._reader(run, ins.inp), self._tensor(run, ins.out)

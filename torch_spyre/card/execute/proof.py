@@ -74,6 +74,9 @@ class ProvedExecutor:
         self.proved: set[tuple] = set()  # overlap signatures a checked run has passed with
         self.stats: ExecutionStats | None = None  # what every run does (the proving run's counts)
         self.plan: FastPlan | None = None
+        # For bindings where an operand the plan's matmul chains read from device memory overlaps one the
+        # program stores to: the chains would read bytes a store has changed since their DMA loads.
+        self.unfused_plan: FastPlan | None = None
         self._gathered = {operand_names.index(i.src.operand) for _, _, i in program.instructions()
                           if isinstance(i, DmaGather)}
         self._stored = {operand_names.index(i.dst.operand) for _, _, i in program.instructions()
@@ -91,8 +94,8 @@ class ProvedExecutor:
             self.stats = stats
             return stats
         if mode == "compare":
-            return self._compare(dma_addresses, bases, nbytes)
-        self._run_fast(dma_addresses)
+            return self._compare(dma_addresses, bases, nbytes, signature)
+        self._run_fast(dma_addresses, signature)
         return self.stats
 
     def _indices_race(self, signature: tuple) -> bool:
@@ -104,17 +107,26 @@ class ProvedExecutor:
         return any((i in self._gathered and j in self._stored) or (j in self._gathered and i in self._stored)
                    for i, j in signature)
 
-    def _run_fast(self, dma_addresses: dict[int, np.ndarray]) -> None:
+    def _run_fast(self, dma_addresses: dict[int, np.ndarray], signature: tuple) -> None:
         with self._lock:
             if self.plan is None or not self.plan.valid_for(self.card):
                 self.plan = FastPlan(self.program, self.card)
-        self.plan.run(self.card.memory, dma_addresses)
+                self.unfused_plan = None
+            plan = self.plan
+            chained = plan.chain_operands
+            if chained and any((i in chained and j in self._stored) or (j in chained and i in self._stored)
+                               for i, j in signature):
+                if self.unfused_plan is None:
+                    self.unfused_plan = FastPlan(self.program, self.card, fuse=False)
+                plan = self.unfused_plan
+        plan.run(self.card.memory, dma_addresses)
 
-    def _compare(self, dma_addresses: dict[int, np.ndarray], bases: np.ndarray, nbytes: np.ndarray) -> ExecutionStats:
+    def _compare(self, dma_addresses: dict[int, np.ndarray], bases: np.ndarray, nbytes: np.ndarray,
+                 signature: tuple) -> ExecutionStats:
         memory = self.card.memory
         regions = [(int(b), int(n)) for b, n in zip(bases, nbytes)]
         before = [memory.read(b, n).copy() for b, n in regions]
-        self._run_fast(dma_addresses)
+        self._run_fast(dma_addresses, signature)
         fast = [memory.read(b, n).copy() for b, n in regions]
         for (b, _), data in zip(regions, before):
             memory.write(b, data)

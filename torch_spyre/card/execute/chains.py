@@ -1,0 +1,459 @@
+"""Matmul K loops as one step, and scratchpad writes nothing reads: planning for the fast executor.
+
+A matmul kernel's K loop is a *chain* of MatMul instructions on one ``out`` tile (the first may overwrite
+it, the rest accumulate), each reading an A and a B tile that DMA loads (and ring sends) brought from
+device memory. The fast executor runs each as its own step; this module finds the chains so that one
+step computes them all, reading the tiles straight from device memory, and finds the DMA loads and ring
+sends whose scratchpad bytes then nothing reads (dropped: a program's final scratchpad contents are not
+observable, and the checked executor proved that no byte is read before it is written).
+
+*Provenance*, followed at planning over the steps in their order: a scratchpad stick a DMA load wrote
+holds the device bytes it was loaded from (operand, byte offset), a ring send copies that to the
+destination core's sticks, and any other write forgets it. Only operands the program never stores to
+qualify, so the device bytes a tile came from still hold its bits when the chain reads them later (an
+operand stored to through an overlapping binding is the caller's to exclude: :attr:`Fusion.operands`).
+
+A chain: MatMul steps over the same cores and the same ``out`` (float32; A and B DLFloat16), the first
+with ``accumulate`` either way, the rest accumulating, with no other step reading or writing ``out``'s
+bytes on those cores in between, and every element of every A and B tile mapped to a device element by
+provenance, as one strided view per tile (its dims split at stick boundaries where needed). Run at the
+last member's place, it gives what the steps give, bit for bit (see ``fast``'s ``_chain``).
+
+Dead writes: walking the steps backward with the scratchpad sticks some later step reads (per core),
+a DMA load or ring send none of whose destination sticks are read before being rewritten is dropped.
+Reads are counted on whole sticks they touch, rewrites only on sticks written whole: both err towards
+keeping a step.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .. import vector_ops
+from ...program import (SP_DTYPES, STICK_BYTES, DmaGather, DmaLoad, DmaStore, Elementwise, Instruction, MatMul, Program,
+                        Reduce, RingSend, SpTensor)
+
+# A chain of one MatMul is left to the plain step: nothing to batch over k.
+MIN_CHAIN = 2
+
+
+@dataclass(frozen=True)
+class DeviceTile:
+    """Where a chain's A (or B) tiles lie in device memory: element (core j, member k, *index) of the
+    split shape is the uint16 at byte ``bases[k] + j * core_stride + sum(index * strides)`` of operand
+    ``operand`` (``core_stride`` 0: every core reads the same bytes). ``shape`` is the tile's own
+    (rows, cols); ``split`` is it with dims cut at stick boundaries, which a reshape undoes."""
+
+    operand: int
+    shape: tuple[int, ...]
+    split: tuple[int, ...]
+    strides: tuple[int, ...]
+    core_stride: int
+    bases: tuple[int, ...]
+
+    @property
+    def k_stride(self) -> int | None:
+        """The step between members' bases when it is even (one view over all members), else None."""
+        b = self.bases
+        if len(b) < 2:
+            return 0
+        step = b[1] - b[0]
+        return step if all(y - x == step for x, y in zip(b, b[1:])) else None
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Matmuls that run as one step at the last member's place: on cores ``cores``, into ``out``."""
+
+    cores: tuple[int, ...]
+    out: SpTensor
+    initial: bool  # the first member accumulates: out's bytes before the chain are its starting value
+    a: DeviceTile
+    b: DeviceTile
+    members: int
+
+
+@dataclass
+class Fusion:
+    """What the fast plan changes, by (group number, unit number) as ``FastPlan._units`` numbers them."""
+
+    chains: dict[tuple[int, int], Chain] = field(default_factory=dict)  # at the last member's place
+    fused: set[tuple[int, int]] = field(default_factory=set)  # the other members: no step of their own
+    dead: set[tuple[int, int]] = field(default_factory=set)  # DMA loads and ring sends dropped
+    operands: set[int] = field(default_factory=set)  # operands chains read from device memory
+
+
+@dataclass
+class _Unit:
+    reads: list[tuple[int, int, int]] = field(default_factory=list)  # (core, first stick, end stick)
+    kills: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (core, sticks written whole)
+    writes: list[tuple[int, int, int]] = field(default_factory=list)  # (core, first stick, end stick)
+    droppable: bool = False
+
+
+@dataclass
+class _Open:
+    key: tuple
+    members: list[tuple[int, int]]  # (group, unit)
+    tiles: list[tuple[list, list]]  # per member: per core (A's map, B's map)
+    initial: bool
+    span: tuple[int, int]  # out's bytes
+
+
+def plan_fusion(program: Program, cores: dict[int, list[Instruction]], units: Sequence[tuple[Sequence, ...]],
+                num_cores: int, pad_bytes: int) -> Fusion:
+    """Chains and dead writes of ``program`` whose steps are ``units`` (per group, in order: each unit a
+    list of (core, index into ``cores[core]``), as ``FastPlan._units`` splits the groups)."""
+    stored = {i.dst.operand for _, _, i in program.instructions() if isinstance(i, DmaStore)}
+    index = {o.name: j for j, o in enumerate(program.operands)}
+    qualifying = {index[o.name] for o in program.operands if o.name not in stored}
+    prov = _Provenance(num_cores, pad_bytes, qualifying, index)
+    # Outs some core computes two matmuls into: only these can chain (mapping tiles costs planning time).
+    seen: set[tuple] = set()
+    repeated = {i.out for c, instrs in program.cores.items() for i in instrs if isinstance(i, MatMul)
+                and ((c, i.out) in seen or seen.add((c, i.out)))}
+    fusion = Fusion()
+    opened: dict[tuple, _Open] = {}
+    info: dict[tuple[int, int], _Unit] = {}
+    order: list[tuple[int, int]] = []
+
+    def close(key: tuple) -> None:
+        ch = opened.pop(key)
+        if len(ch.members) < MIN_CHAIN:
+            return
+        a = _device_tile([[pair[0] for pair in member] for member in ch.tiles])
+        b = _device_tile([[pair[1] for pair in member] for member in ch.tiles])
+        if a is None or b is None:
+            return
+        last = ch.members[-1]
+        out = key[1]
+        fusion.chains[last] = Chain(key[0], out, ch.initial, a, b, len(ch.members))
+        fusion.fused.update(ch.members[:-1])
+        fusion.operands.update((a.operand, b.operand))
+        for m in ch.members:  # the chain reads no A or B sticks; the last member reads out if it starts from it
+            info[m].reads = []
+        if ch.initial:
+            lo, hi = out.byte_span()
+            info[last].reads = [(c, lo // STICK_BYTES, -(-hi // STICK_BYTES)) for c in key[0]]
+
+    for g, members_of in enumerate(units):
+        for u, run in enumerate(members_of):
+            ins = [cores[c][i] for c, i in run]
+            unit = _effects(ins, run, prov.sticks)
+            where = (g, u)
+            info[where] = unit
+            order.append(where)
+            key = None
+            if isinstance(ins[0], MatMul) and ins[0].out in repeated:
+                key, tiles = _chain_member(ins[0], run, prov)
+            run_cores = {c for c, _ in run} | {c for c, _, _ in unit.writes} | {c for c, _, _ in unit.reads}
+            for k in [k for k, ch in opened.items() if k != key and _touches(unit, run_cores, k[0], ch.span)]:
+                close(k)
+            if key is not None:
+                ch = opened.get(key)
+                if ch is not None and not ins[0].accumulate:
+                    close(key)
+                    ch = None
+                if tiles is None:
+                    if ch is not None:
+                        close(key)
+                elif ch is None:
+                    opened[key] = _Open(key, [where], [tiles], ins[0].accumulate, ins[0].out.byte_span())
+                else:
+                    ch.members.append(where)
+                    ch.tiles.append(tiles)
+            prov.apply(ins, run)
+    for k in list(opened):
+        close(k)
+    _dead_writes(order, info, fusion, num_cores, pad_bytes)
+    return fusion
+
+
+def _touches(unit: _Unit, cores: set[int], chain_cores: tuple[int, ...], span: tuple[int, int]) -> bool:
+    """Whether the unit reads or writes any of ``span``'s sticks on the chain's cores."""
+    lo, hi = span[0] // STICK_BYTES, -(-span[1] // STICK_BYTES)
+    mine = set(chain_cores)
+    if not cores & mine:
+        return False
+    return any(c in mine and s < hi and lo < e for c, s, e in (*unit.reads, *unit.writes))
+
+
+def _chain_member(ins: MatMul, run: Sequence[tuple[int, int]], prov: "_Provenance"):
+    """(key, per core (A's device map, B's device map)) of a MatMul that could join a chain; tiles None
+    when some element of A or B has no provenance. key None: this MatMul never chains."""
+    if not (ins.out.dtype == "float32" and ins.a.dtype == "dlfloat16" and ins.b.dtype == "dlfloat16"
+            and ins.out.numel and ins.a.numel and ins.b.numel):
+        return None, None
+    olo, ohi = ins.out.byte_span()
+    if any(lo < ohi and olo < hi for lo, hi in (ins.a.byte_span(), ins.b.byte_span())):
+        return None, None
+    cores = [c for c, _ in run]
+    key = (tuple(cores), ins.out)
+    a = prov.device_maps(cores, ins.a)
+    b = prov.device_maps(cores, ins.b) if a is not None else None
+    return key, None if b is None else list(zip(a, b))
+
+
+def _effects(ins: list[Instruction], run, sticks: int) -> _Unit:
+    """The sticks a unit reads and writes on each core (reads and writes outward to whole sticks; kills
+    only sticks written whole)."""
+    unit = _Unit()
+
+    def span(t: SpTensor) -> tuple[int, int]:
+        lo, hi = t.byte_span()
+        return lo // STICK_BYTES, -(-hi // STICK_BYTES)
+
+    for (c, _), x in zip(run, ins):
+        if isinstance(x, DmaLoad):
+            lo, hi = x.pattern.sp_range(x.sp_offset)
+            unit.writes.append((c, lo // STICK_BYTES, -(-hi // STICK_BYTES)))
+            whole = _whole_sticks(x)
+            if whole is not None:
+                unit.kills.append((c, whole))
+            unit.droppable = True
+        elif isinstance(x, DmaStore):
+            lo, hi = x.pattern.sp_range(x.sp_offset)
+            unit.reads.append((c, lo // STICK_BYTES, -(-hi // STICK_BYTES)))
+        elif isinstance(x, RingSend):
+            unit.reads.append((c, x.src_offset // STICK_BYTES, -(-(x.src_offset + x.nbytes) // STICK_BYTES)))
+            lo, hi = x.dst_offset, x.dst_offset + x.nbytes
+            unit.writes.append((x.dst_core, lo // STICK_BYTES, -(-hi // STICK_BYTES)))
+            if lo % STICK_BYTES == 0 and hi % STICK_BYTES == 0:
+                unit.kills.append((x.dst_core, np.arange(lo // STICK_BYTES, hi // STICK_BYTES)))
+            unit.droppable = True
+        elif isinstance(x, DmaGather):
+            unit.reads.append((c, *span(x.index)))
+            hi = x.sp_offset + x.index.numel * x.row_sticks * STICK_BYTES
+            unit.writes.append((c, x.sp_offset // STICK_BYTES, -(-hi // STICK_BYTES)))
+        elif isinstance(x, (Elementwise, Reduce, MatMul)):
+            ins_in = (x.inputs if isinstance(x, Elementwise) else (x.inp,) if isinstance(x, Reduce) else (x.a, x.b))
+            for t in ins_in:
+                if isinstance(t, SpTensor):
+                    unit.reads.append((c, *span(t)))
+            if getattr(x, "accumulate", False):
+                unit.reads.append((c, *span(x.out)))
+            unit.writes.append((c, *span(x.out)))
+        else:  # an instruction this planning does not know: it reads and writes everything
+            whole = (0, sticks)
+            unit.reads.append((c, *whole))
+            unit.writes.append((c, *whole))
+    return unit
+
+
+def _whole_sticks(x: DmaLoad) -> np.ndarray | None:
+    """The scratchpad sticks a DMA load writes, when each is a whole, aligned stick (else None)."""
+    p = x.pattern
+    if x.sp_offset % STICK_BYTES or any(s % STICK_BYTES for s in p.sp_strides):
+        return None
+    return _grid(x.sp_offset, p.shape, p.sp_strides).reshape(-1) // STICK_BYTES
+
+
+def _grid(base: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
+    """base + sum(i_d * strides_d) over the index grid of ``shape``."""
+    out = np.full(shape, base, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(shape, strides)):
+        out += (np.arange(n, dtype=np.int64) * s).reshape((n,) + (1,) * (len(shape) - d - 1))
+    return out
+
+
+class _Provenance:
+    """Per core and scratchpad stick: the operand (-1: none) and device byte offset it was loaded from."""
+
+    def __init__(self, num_cores: int, pad_bytes: int, qualifying: set[int], index: dict[str, int]):
+        self.sticks = pad_bytes // STICK_BYTES
+        self.operand = np.full((num_cores, self.sticks), -1, dtype=np.int32)
+        self.offset = np.zeros((num_cores, self.sticks), dtype=np.int64)
+        self.qualifying = qualifying  # operands never stored to: their bytes do not change during a run
+        self.index = index  # operand name -> index
+
+    def forget(self, core: int, lo: int, hi: int) -> None:
+        self.operand[core, lo // STICK_BYTES:-(-hi // STICK_BYTES)] = -1
+
+    def apply(self, ins: list[Instruction], run) -> None:
+        """The unit's writes, in order: what they leave in the sticks they write."""
+        for (c, _), x in zip(run, ins):
+            if isinstance(x, DmaLoad):
+                p = x.pattern
+                sticks = _whole_sticks(x)
+                j = self.index.get(x.src.operand, -1)
+                unique = sticks is not None and len(np.unique(sticks)) == sticks.size
+                if unique and j in self.qualifying:
+                    self.operand[c, sticks] = j
+                    self.offset[c, sticks] = _grid(x.src.offset, p.shape, p.dram_strides).reshape(-1)
+                elif p.sticks:
+                    self.forget(c, *p.sp_range(x.sp_offset))
+            elif isinstance(x, RingSend):
+                lo, hi, src = x.dst_offset, x.dst_offset + x.nbytes, x.src_offset
+                if lo % STICK_BYTES == 0 and hi % STICK_BYTES == 0 and src % STICK_BYTES == 0:
+                    d, s, n = lo // STICK_BYTES, src // STICK_BYTES, x.nbytes // STICK_BYTES
+                    self.operand[x.dst_core, d:d + n] = self.operand[c, s:s + n]
+                    self.offset[x.dst_core, d:d + n] = self.offset[c, s:s + n]
+                else:
+                    self.forget(x.dst_core, lo, hi)
+            elif isinstance(x, DmaGather):
+                self.forget(c, x.sp_offset, x.sp_offset + x.index.numel * x.row_sticks * STICK_BYTES)
+            elif isinstance(x, (Elementwise, Reduce, MatMul)):
+                self.forget(c, *x.out.byte_span())
+            elif not isinstance(x, DmaStore):
+                self.operand[c] = -1
+
+    def device_maps(self, cores: list[int], t: SpTensor) -> list[tuple[int, np.ndarray]] | None:
+        """Per core: (operand, device byte offset of each of ``t``'s elements), or None when on some core
+        an element has no provenance, they come from two operands, or the view leaves the scratchpad."""
+        sticks = _tile_sticks(t.offset, t.dtype, t.shape, t.strides)
+        if sticks is None or int(sticks[0][-1]) >= self.sticks:
+            return None
+        distinct, at, within = sticks
+        rows = np.asarray(cores)[:, None]
+        ops = self.operand[rows, distinct]
+        j = int(ops[0, 0])
+        if j < 0 or (ops != j).any():
+            return None
+        dev = self.offset[rows, distinct][:, at] + within
+        return [(j, d) for d in dev]
+
+
+@functools.lru_cache(maxsize=1024)
+def _tile_sticks(offset: int, dtype: str, shape: tuple, strides: tuple) -> tuple | None:
+    """A scratchpad view's sticks: (the distinct sticks, sorted; each element's index into them; each
+    element's byte within its stick), or None for an empty view, one reaching below the scratchpad, or
+    elements that could straddle sticks. Planning asks for the same views again and again."""
+    isz = SP_DTYPES[dtype]
+    addr = _grid(offset, shape, tuple(s * isz for s in strides))
+    if addr.size == 0 or int(addr.min()) < 0 or offset % isz:
+        return None
+    distinct, at = np.unique(addr // STICK_BYTES, return_inverse=True)
+    return distinct, at.reshape(addr.shape), addr % STICK_BYTES
+
+
+def _factor(dev: np.ndarray, stick_elems: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(split shape, byte strides) under which ``dev`` (device byte offsets of a tile's elements) is
+    affine: ``dev`` reshaped to the split shape is ``dev[0] + sum(i_d * strides_d)``. Each dim is tried
+    whole, then cut into sticks."""
+    options = [[(n,)] + ([(n // stick_elems, stick_elems)] if n % stick_elems == 0 and n > stick_elems else [])
+               for n in dev.shape]
+    for choice in itertools.product(*options):
+        split = tuple(x for part in choice for x in part)
+        r = dev.reshape(split)
+        origin = int(r.flat[0])
+        strides = []
+        for d, n in enumerate(split):
+            unit = tuple(1 if e == d else 0 for e in range(len(split)))
+            strides.append(int(r[unit]) - origin if n > 1 else 0)
+        if np.array_equal(r, _grid(origin, split, tuple(strides))):
+            return split, tuple(strides)
+    return None
+
+
+def _device_tile(per_member: list[list[tuple[int, np.ndarray]]]) -> DeviceTile | None:
+    """One DeviceTile for a chain's tiles (per member, per core: (operand, device map)), or None when they
+    do not share one operand, split and strides, or the cores' bases do not step evenly."""
+    operand = per_member[0][0][0]
+    shape = per_member[0][0][1].shape
+    first = _factor(per_member[0][0][1], STICK_BYTES // 2)
+    if first is None or any(j != operand or d.shape != shape for tiles in per_member for j, d in tiles):
+        return None
+    split, strides = first
+    dev = np.stack([np.stack([d for _, d in tiles]) for tiles in per_member])  # (members, cores, *shape)
+    origins = dev.reshape(*dev.shape[:2], -1)[:, :, 0]
+    if any(s % 2 for s in strides) or (origins[:, 0] % 2).any():
+        return None
+    steps = np.diff(origins, axis=1)
+    core_stride = int(steps.flat[0]) if steps.size else 0
+    if (steps != core_stride).any():
+        return None
+    tile = _grid(0, split, strides)
+    if not np.array_equal(dev.reshape(*dev.shape[:2], *split), origins.reshape(*origins.shape, *[1] * len(split)) + tile):
+        return None
+    return DeviceTile(operand, shape, split, strides, core_stride, tuple(int(o) for o in origins[:, 0]))
+
+
+def _dead_writes(order: list[tuple[int, int]], info: dict[tuple[int, int], _Unit], fusion: Fusion,
+                 num_cores: int, pad_bytes: int) -> None:
+    """Backward over the units: drop a DMA load or ring send none of whose written sticks is live."""
+    live = np.zeros((num_cores, pad_bytes // STICK_BYTES), dtype=np.bool_)
+    for where in reversed(order):
+        unit = info[where]
+        if where in fusion.fused:
+            continue
+        if unit.droppable and not any(live[c, lo:hi].any() for c, lo, hi in unit.writes):
+            fusion.dead.add(where)
+            continue
+        for c, sticks in unit.kills:
+            live[c, sticks] = False
+        for c, lo, hi in unit.reads:
+            live[c, lo:hi] = True
+
+
+class DeviceTileReader:
+    """A chain's tiles of one operand, decoded from device memory: (cores, members, rows, cols), cores 1
+    when every core reads the same bytes (broadcast by np.matmul).
+
+    Decoding is most of a chain's cost after its GEMMs, and much of it repeats: chains on other cores
+    read the very same A tiles (``cache``: one run's decoded tiles, by geometry; the operands do not
+    change during a run), and a K loop over a long K often meets the same bits again (fp32 matmuls at
+    "highest" run the 16-bit halves of each operand more than once). Which members hold an earlier
+    member's bits is learned on the first run and checked on every later one (a comparison costs a
+    fraction of a decode); once it does not hold the reader decodes every member and stops comparing."""
+
+    def __init__(self, tile: DeviceTile, ncores: int, regions: list, cache: dict, count) -> None:
+        self.tile, self.regions, self.cache, self.count = tile, regions, cache, count
+        self.cores = 1 if tile.core_stride == 0 else ncores
+        self.key = (tile, self.cores)
+        self.shape = (self.cores, len(tile.bases), *tile.shape)
+        self.repeats: tuple[int, ...] | None = None  # per member: the earlier member with its bits, or -1
+
+    def __call__(self) -> np.ndarray:
+        values = self.cache.get(self.key)
+        if values is None:
+            values = self.cache[self.key] = self._decode(self._raw())
+        return values
+
+    def _raw(self) -> np.ndarray:
+        t = self.tile
+        buffer, base = self.regions[t.operand]
+        k_stride = t.k_stride
+        if k_stride is not None:  # one view over every member
+            return np.ndarray((self.cores, len(t.bases), *t.split), np.uint16, buffer=buffer, offset=base + t.bases[0],
+                              strides=(t.core_stride, k_stride, *t.strides))
+        return np.stack([np.ndarray((self.cores, *t.split), np.uint16, buffer=buffer, offset=base + b,
+                                    strides=(t.core_stride, *t.strides)) for b in t.bases], axis=1)
+
+    def _decode(self, raw: np.ndarray) -> np.ndarray:
+        repeats = self.repeats
+        if repeats is None:
+            repeats = self.repeats = _repeats(raw)
+        elif repeats and not all(_equal_bits(raw[:, j], raw[:, i]) for j, i in enumerate(repeats) if i >= 0):
+            repeats = self.repeats = ()
+        if not repeats:
+            values = vector_ops.decode(raw, "dlfloat16")
+            self.count(values.size)
+            return values.reshape(self.shape)
+        first = [j for j, i in enumerate(repeats) if i < 0]
+        at = {j: n for n, j in enumerate(first)}
+        values = vector_ops.decode(raw[:, first], "dlfloat16")
+        self.count(values.size)
+        return values[:, [at[j if i < 0 else i] for j, i in enumerate(repeats)]].reshape(self.shape)
+
+
+def _repeats(raw: np.ndarray) -> tuple[int, ...]:
+    """Per member of ``raw`` (axis 1): the first earlier member holding the same bits, or -1; () when none
+    repeats."""
+    firsts: list[int] = []
+    distinct: list[int] = []
+    for j in range(raw.shape[1]):
+        same = next((i for i in distinct if _equal_bits(raw[:, j], raw[:, i])), -1)
+        firsts.append(same)
+        if same < 0:
+            distinct.append(j)
+    return tuple(firsts) if len(distinct) < len(firsts) else ()
+
+
+def _equal_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two tiles of one shape hold the same bits (their first elements first: most differ there)."""
+    return a.item(0) == b.item(0) and bool((a == b).all())
