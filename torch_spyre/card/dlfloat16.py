@@ -94,9 +94,13 @@ def _decode_table() -> np.ndarray:
     return _to_float32_arith(_ALL_CODES)
 
 
-def to_float32(bits: np.ndarray) -> np.ndarray:
-    """Expand DLFloat16 bit patterns to fp32 (exact; the special code becomes NaN)."""
-    return _decode_table().take(np.asarray(bits, dtype=np.uint16))  # take: ~20 % faster than indexing
+def to_float32(bits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Expand DLFloat16 bit patterns to fp32 (exact; the special code becomes NaN), into ``out`` (an fp32
+    array of ``bits``' shape) if given."""
+    bits = np.asarray(bits, dtype=np.uint16)
+    if out is None:
+        return _decode_table().take(bits)  # take: ~20 % faster than indexing
+    return _decode_table().take(bits, out=out, mode="clip")  # (a uint16 is always a valid index)
 
 
 def _bfloat16_bits_from_float32(values: np.ndarray) -> np.ndarray:

@@ -182,11 +182,13 @@ def scalar(value: float | int | bool) -> np.ndarray:
     return np.array(value, dtype=np.float32)
 
 
-def decode(view: np.ndarray, dtype: str) -> np.ndarray:
+def decode(view: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.ndarray:
     """Scratchpad values of ``dtype`` as computed on: fp32 for floats, int64 for integers, bool for bool
-    (always a copy)."""
+    (always a copy; DLFloat16 may be decoded into ``out``, an fp32 array of the view's shape)."""
     if dtype == "dlfloat16":
-        return to_float32(view)
+        return to_float32(view, out)
+    if out is not None:
+        raise ValueError(f"decode into an array is for dlfloat16 only, not {dtype}")
     if dtype == "float32" or dtype == "bool":
         return np.array(view)
     return view.astype(np.int64)
