@@ -74,3 +74,14 @@ def test_computed_nans_are_written_as_one_nan_and_infinities_keep_their_sign():
     v = np.array([np.nan, -np.nan, np.inf, -np.inf, 1.5], np.float32)
     assert vector_ops.encode(v, "dlfloat16").tolist() == [0x7FFF, 0x7FFF, 0x7FFF, 0xFFFF, 0x3F00]
     assert vector_ops.encode(v, "float32").view(np.uint32).tolist()[:4] == [0x7FC00000, 0x7FC00000, 0x7F800000, 0xFF800000]
+
+
+def test_decode_into_an_array_matches_decode():
+    bits = np.random.default_rng(0).integers(0, 1 << 16, (3, 64), dtype=np.uint64).astype(np.uint16)
+    view = bits[:, ::2]  # a strided view, as the chains' device tiles are
+    out = np.empty(view.shape, np.float32)
+    got = vector_ops.decode(view, "dlfloat16", out=out)
+    assert got is out
+    np.testing.assert_array_equal(out.view(np.uint32), vector_ops.decode(view, "dlfloat16").view(np.uint32))
+    with pytest.raises(ValueError, match="dlfloat16 only"):
+        vector_ops.decode(np.zeros(4, np.float32), "float32", out=np.empty(4, np.float32))
