@@ -407,6 +407,7 @@ class DeviceTileReader:
         self.key = (tile, self.cores)
         self.shape = (self.cores, len(tile.bases), *tile.shape)
         self.repeats: tuple[int, ...] | None = None  # per member: the earlier member with its bits, or -1
+        self.runs: list[tuple[int, int, int]] = []  # ``repeats`` as runs of consecutive members (``_runs``)
 
     def __call__(self) -> np.ndarray:
         values = self.cache.get(self.key)
@@ -429,7 +430,8 @@ class DeviceTileReader:
         repeats = self.repeats
         if repeats is None:
             repeats = self.repeats = _repeats(words)
-        elif repeats and not all(_equal_bits(words[:, j], words[:, i]) for j, i in enumerate(repeats) if i >= 0):
+            self.runs = _runs(repeats)
+        elif repeats and not all(_equal_bits(words[:, j:j + n], words[:, i:i + n]) for j, i, n in self.runs if i >= 0):
             repeats = self.repeats = ()
         if not repeats:
             values = vector_ops.decode(raw, "dlfloat16")
@@ -437,16 +439,32 @@ class DeviceTileReader:
             return values.reshape(self.shape)
         # Member-major: each member's values one contiguous block, decoded in place or copied whole from
         # the earlier member with its bits; the (cores, members) view of it hands np.matmul the same
-        # contiguous tiles as a (cores, members) array would.
+        # contiguous tiles as a (cores, members) array would. Consecutive members are handled together
+        # (the parts of an fp32 operand repeat as runs of members).
         members = raw.shape[1]
         values = np.empty((members, raw.shape[0], *raw.shape[2:]), np.float32)
-        for j, i in enumerate(repeats):
+        for j, i, n in self.runs:
             if i < 0:
-                vector_ops.decode(raw[:, j], "dlfloat16", out=values[j])
-                self.count(values[j].size)
+                for m in range(j, j + n):  # (member by member: a block's strided read decodes 3x slower)
+                    vector_ops.decode(raw[:, m], "dlfloat16", out=values[m])
+                self.count(values[j:j + n].size)
             else:
-                values[j] = values[i]
+                values[j:j + n] = values[i:i + n]
         return values.reshape(members, self.cores, *self.tile.shape).swapaxes(0, 1)
+
+
+def _runs(repeats: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """``repeats`` (see :func:`_repeats`) as runs ``(j, i, n)``: members ``j .. j+n-1`` repeat members
+    ``i .. i+n-1`` (``i`` -1: they are decoded)."""
+    runs: list[list[int]] = []
+    for j, i in enumerate(repeats):
+        if runs:
+            rj, ri, rn = runs[-1]
+            if (ri < 0 and i < 0) or (ri >= 0 and i == ri + rn):
+                runs[-1][2] += 1
+                continue
+        runs.append([j, i, 1])
+    return [(j, i, n) for j, i, n in runs]
 
 
 def _words(raw: np.ndarray) -> np.ndarray:
