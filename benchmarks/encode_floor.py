@@ -24,8 +24,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse  # noqa: E402
-import statistics  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -36,6 +37,9 @@ from torch_spyre.card import vector_ops  # noqa: E402
 from torch_spyre.card.execute import fast  # noqa: E402
 from torch_spyre.jobs import embed as job  # noqa: E402
 from torch_spyre.runtime import launch as runtime_launch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from benchmarks.host_speed import median_times  # noqa: E402
 
 
 class Timed:
@@ -69,15 +73,6 @@ def _decoded_elements(values, dtype, *args, **kwargs) -> int:
     return int(np.size(values)) if dtype == "dlfloat16" else 0
 
 
-def median_cpu(fn: Callable[[], Any], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.process_time()
-        fn()
-        times.append(time.process_time() - t)
-    return statistics.median(times)
-
-
 def measure(repeat: int) -> dict[str, float]:
     from sentence_transformers import SentenceTransformer
 
@@ -92,8 +87,8 @@ def measure(repeat: int) -> dict[str, float]:
     spyre_call()  # compiles the programs, proves them (checked run), plans the fast runs
     spyre_call()
     on_cpu.encode(sentences)
-    spyre = median_cpu(spyre_call, repeat)
-    cpu = median_cpu(lambda: on_cpu.encode(sentences), repeat * 3)
+    spyre = median_times(spyre_call, repeat, warmup=0)[1]  # (process CPU)
+    cpu = median_times(lambda: on_cpu.encode(sentences), repeat * 3, warmup=0)[1]
     launches = Timed(runtime_launch, "launch")
     with Timed(np, "matmul") as gemm, Timed(vector_ops, "decode", _decoded_elements) as decode, \
             Timed(fast.FastPlan, "run") as executor, launches:

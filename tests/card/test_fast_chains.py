@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from tests.card.test_fast_executor import _random_bytes, assert_identical
+from tests.card.test_fast_executor import both_ways as fast_executor_both_ways
 from torch_spyre.card import Card
 from torch_spyre.card.config import load_config
 from torch_spyre.card.dlfloat16 import from_float32, to_float32
-from torch_spyre.card.execute import CHECK_ENV, FastPlan, execute, resolve_addresses
-from torch_spyre.card.validate import validate
+from torch_spyre.card.execute import CHECK_ENV, FastPlan
 from torch_spyre.program import (
     Addr,
     DmaLoad,
@@ -47,27 +47,9 @@ def card() -> Card:
 
 
 def both_ways(card: Card, program: Program, data: dict[str, np.ndarray], plan: FastPlan) -> dict:
-    """Run ``program`` checked, then fast on ``plan`` from the same device memory, with the scratchpads
-    filled with other bytes in between (a dropped load whose bytes were read would read those): per
-    operand, (checked bytes, fast bytes)."""
-    validate(program, card.config)
-    allocs = {op.name: card.memory.allocate(op.nbytes) for op in program.operands}
-    try:
-        def load_inputs():
-            for op in program.operands:
-                card.memory.write(allocs[op.name].address, data.get(op.name, np.zeros(op.nbytes, np.uint8)))
-
-        addresses = resolve_addresses(program, {n: a.address for n, a in allocs.items()})
-        load_inputs()
-        execute(card, program, addresses)
-        checked = {op.name: allocs[op.name].buffer[: op.nbytes].copy() for op in program.operands}
-        load_inputs()
-        plan.pads.block[:, : 256 * 1024] = 0x7F  # DLFloat16 and fp32 bits of large finite values
-        plan.run(card.memory, addresses)
-        return {op.name: (checked[op.name], allocs[op.name].buffer[: op.nbytes].copy()) for op in program.operands}
-    finally:
-        for a in allocs.values():
-            card.memory.free(a)
+    """``test_fast_executor.both_ways`` with the scratchpads filled with other bytes between the checked and
+    the fast run: a dropped load whose bytes were read would read those."""
+    return fast_executor_both_ways(card, program, data, plan, poison=True)
 
 
 def kloop(ncores: int = 3, ks: int = 4, mtiles: int = 1, ring: bool = False, initial: bool = False,

@@ -57,10 +57,11 @@ def card() -> Card:
     return Card(0, load_config(environ={}))
 
 
-def both_ways(card: Card, program: Program, data: dict[str, np.ndarray],
-              plan: FastPlan | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def both_ways(card: Card, program: Program, data: dict[str, np.ndarray], plan: FastPlan | None = None,
+              poison: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Run ``program`` checked, then fast (on ``plan``, or a new one) from the same memory: per operand,
-    (checked bytes, fast bytes)."""
+    (checked bytes, fast bytes). ``poison``: the scratchpads are filled with other bytes in between (a
+    fast step that reads bytes the fast plan did not write, e.g. a wrongly dropped load, reads those)."""
     validate(program, card.config)
     allocs = {op.name: card.memory.allocate(op.nbytes) for op in program.operands}
     try:
@@ -73,7 +74,10 @@ def both_ways(card: Card, program: Program, data: dict[str, np.ndarray],
         execute(card, program, addresses)
         checked = {n: a.buffer[: op.nbytes].copy() for (n, a), op in zip(allocs.items(), program.operands)}
         load_inputs()
-        (plan or FastPlan(program, card)).run(card.memory, addresses)
+        plan = plan or FastPlan(program, card)
+        if poison:
+            plan.pads.block[:, : 256 * 1024] = 0x7F  # DLFloat16 and fp32 bits of large finite values
+        plan.run(card.memory, addresses)
         return {n: (checked[n], a.buffer[: op.nbytes].copy()) for (n, a), op in zip(allocs.items(), program.operands)}
     finally:
         for a in allocs.values():
