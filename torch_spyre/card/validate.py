@@ -165,7 +165,7 @@ class _Checker:
         if ins.row_stride % STICK_BYTES or ins.row_stride < 0:
             raise self.fail(f"gather row_stride {ins.row_stride} must be a non-negative multiple of {STICK_BYTES}")
         row_bytes = ins.row_sticks * STICK_BYTES
-        self.sp_range(ins.sp_offset, ins.sp_offset + ins.index.numel * row_bytes, "the gather destination")
+        self.sp_range(*ins.sp_range(), "the gather destination")
         if ins.num_rows == 0:
             return []
         hi = ins.src.offset + (ins.num_rows - 1) * ins.row_stride + row_bytes

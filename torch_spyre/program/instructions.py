@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Union
 
-from .operands import Addr, DmaPattern, Scalar, SpTensor
+from .operands import STICK_BYTES, Addr, DmaPattern, Scalar, SpTensor
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,10 @@ class DmaGather(Instruction):
     row_sticks: int
     sp_offset: int
     num_rows: int  # rows that exist at src: an index outside [0, num_rows) is an error
+
+    def sp_range(self) -> tuple[int, int]:
+        """The scratchpad bytes [lo, hi) the gathered rows are written to."""
+        return self.sp_offset, self.sp_offset + self.index.numel * self.row_sticks * STICK_BYTES
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from typing import Sequence
 import numpy as np
 
 from .. import vector_ops
+from .dma import offset_grid
 from ...program import (SP_DTYPES, STICK_BYTES, DmaGather, DmaLoad, DmaStore, Elementwise, Instruction, MatMul, Program,
                         Reduce, RingSend, SpTensor)
 
@@ -228,8 +229,8 @@ def _effects(ins: list[Instruction], run, sticks: int) -> _Unit:
             unit.droppable = True
         elif isinstance(x, DmaGather):
             unit.reads.append((c, *span(x.index)))
-            hi = x.sp_offset + x.index.numel * x.row_sticks * STICK_BYTES
-            unit.writes.append((c, x.sp_offset // STICK_BYTES, -(-hi // STICK_BYTES)))
+            lo, hi = x.sp_range()
+            unit.writes.append((c, lo // STICK_BYTES, -(-hi // STICK_BYTES)))
         elif isinstance(x, (Elementwise, Reduce, MatMul)):
             ins_in = (x.inputs if isinstance(x, Elementwise) else (x.inp,) if isinstance(x, Reduce) else (x.a, x.b))
             for t in ins_in:
@@ -250,15 +251,7 @@ def _whole_sticks(x: DmaLoad) -> np.ndarray | None:
     p = x.pattern
     if x.sp_offset % STICK_BYTES or any(s % STICK_BYTES for s in p.sp_strides):
         return None
-    return _grid(x.sp_offset, p.shape, p.sp_strides).reshape(-1) // STICK_BYTES
-
-
-def _grid(base: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
-    """base + sum(i_d * strides_d) over the index grid of ``shape``."""
-    out = np.full(shape, base, dtype=np.int64)
-    for d, (n, s) in enumerate(zip(shape, strides)):
-        out += (np.arange(n, dtype=np.int64) * s).reshape((n,) + (1,) * (len(shape) - d - 1))
-    return out
+    return offset_grid(x.sp_offset, p.shape, p.sp_strides).reshape(-1) // STICK_BYTES
 
 
 class _Provenance:
@@ -284,7 +277,7 @@ class _Provenance:
                 unique = sticks is not None and len(np.unique(sticks)) == sticks.size
                 if unique and j in self.qualifying:
                     self.operand[c, sticks] = j
-                    self.offset[c, sticks] = _grid(x.src.offset, p.shape, p.dram_strides).reshape(-1)
+                    self.offset[c, sticks] = offset_grid(x.src.offset, p.shape, p.dram_strides).reshape(-1)
                 elif p.sticks:
                     self.forget(c, *p.sp_range(x.sp_offset))
             elif isinstance(x, RingSend):
@@ -296,7 +289,7 @@ class _Provenance:
                 else:
                     self.forget(x.dst_core, lo, hi)
             elif isinstance(x, DmaGather):
-                self.forget(c, x.sp_offset, x.sp_offset + x.index.numel * x.row_sticks * STICK_BYTES)
+                self.forget(c, *x.sp_range())
             elif isinstance(x, (Elementwise, Reduce, MatMul)):
                 self.forget(c, *x.out.byte_span())
             elif not isinstance(x, DmaStore):
@@ -324,7 +317,7 @@ def _tile_sticks(offset: int, dtype: str, shape: tuple, strides: tuple) -> tuple
     element's byte within its stick), or None for an empty view, one reaching below the scratchpad, or
     elements that could straddle sticks. Planning asks for the same views again and again."""
     isz = SP_DTYPES[dtype]
-    addr = _grid(offset, shape, tuple(s * isz for s in strides))
+    addr = offset_grid(offset, shape, tuple(s * isz for s in strides))
     if addr.size == 0 or int(addr.min()) < 0 or offset % isz:
         return None
     distinct, at = np.unique(addr // STICK_BYTES, return_inverse=True)
@@ -345,7 +338,7 @@ def _factor(dev: np.ndarray, stick_elems: int) -> tuple[tuple[int, ...], tuple[i
         for d, n in enumerate(split):
             unit = tuple(1 if e == d else 0 for e in range(len(split)))
             strides.append(int(r[unit]) - origin if n > 1 else 0)
-        if np.array_equal(r, _grid(origin, split, tuple(strides))):
+        if np.array_equal(r, offset_grid(origin, split, tuple(strides))):
             return split, tuple(strides)
     return None
 
@@ -367,7 +360,7 @@ def _device_tile(per_member: list[list[tuple[int, np.ndarray]]]) -> DeviceTile |
     core_stride = int(steps.flat[0]) if steps.size else 0
     if (steps != core_stride).any():
         return None
-    tile = _grid(0, split, strides)
+    tile = offset_grid(0, split, strides)
     if not np.array_equal(dev.reshape(*dev.shape[:2], *split), origins.reshape(*origins.shape, *[1] * len(split)) + tile):
         return None
     return DeviceTile(operand, shape, split, strides, core_stride, tuple(int(o) for o in origins[:, 0]))
@@ -431,7 +424,7 @@ class DeviceTileReader:
         if repeats is None:
             repeats = self.repeats = _repeats(words)
             self.runs = _runs(repeats)
-        elif repeats and not all(_equal_bits(words[:, j:j + n], words[:, i:i + n]) for j, i, n in self.runs if i >= 0):
+        elif repeats and not all(equal_bits(words[:, j:j + n], words[:, i:i + n]) for j, i, n in self.runs if i >= 0):
             repeats = self.repeats = ()
         if not repeats:
             values = vector_ops.decode(raw, "dlfloat16")
@@ -481,13 +474,13 @@ def _repeats(raw: np.ndarray) -> tuple[int, ...]:
     firsts: list[int] = []
     distinct: list[int] = []
     for j in range(raw.shape[1]):
-        same = next((i for i in distinct if _equal_bits(raw[:, j], raw[:, i])), -1)
+        same = next((i for i in distinct if equal_bits(raw[:, j], raw[:, i])), -1)
         firsts.append(same)
         if same < 0:
             distinct.append(j)
     return tuple(firsts) if len(distinct) < len(firsts) else ()
 
 
-def _equal_bits(a: np.ndarray, b: np.ndarray) -> bool:
+def equal_bits(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether two tiles of one shape hold the same bits (their first elements first: most differ there)."""
     return a.item(0) == b.item(0) and bool((a == b).all())

@@ -10,6 +10,15 @@ from ..memory import InvalidAddressError
 from .state import CoreState, DeviceAccess
 
 
+def offset_grid(base: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
+    """``base + sum(i_d * strides_d)`` over the index grid of ``shape`` (int64): where each element of a
+    strided pattern lies."""
+    out = np.full(shape, base, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(shape, strides)):
+        out += (np.arange(n, dtype=np.int64) * s).reshape((n,) + (1,) * (len(shape) - d - 1))
+    return out
+
+
 def gather_index_problem(index: np.ndarray, ins: DmaGather, program) -> str | None:
     """Why a gather cannot use these (decoded) index values, or None. Depends on data: checked at every
     launch, by the fast executor too."""
@@ -64,11 +73,7 @@ class DmaEngine:
         buf, off = self._device_buffer(st, address, lo, hi)
         view = np.ndarray((*pattern.shape, STICK_BYTES), np.uint8, buffer=buf, offset=off,
                           strides=(*pattern.dram_strides, 1))
-        sticks = np.full(pattern.shape, address // STICK_BYTES, dtype=np.int64)
-        for d, stride in enumerate(pattern.dram_strides):
-            shape = [1] * len(pattern.shape)
-            shape[d] = pattern.shape[d]
-            sticks += (np.arange(pattern.shape[d], dtype=np.int64) * (stride // STICK_BYTES)).reshape(shape)
+        sticks = offset_grid(address // STICK_BYTES, pattern.shape, tuple(s // STICK_BYTES for s in pattern.dram_strides))
         return view, sticks.reshape(-1)
 
     def _record(self, st: CoreState, sticks: np.ndarray, write: bool) -> None:
@@ -106,8 +111,9 @@ class DmaEngine:
             raise self._fail(st, problem)
         row_bytes = ins.row_sticks * STICK_BYTES
         n = index.size
-        self._check_span(st, ins.sp_offset, ins.sp_offset + n * row_bytes, "the gather destination")
-        self._touch(st, ins.sp_offset, ins.sp_offset + n * row_bytes)
+        lo, hi = ins.sp_range()
+        self._check_span(st, lo, hi, "the gather destination")
+        self._touch(st, lo, hi)
         if n:
             address = int(st.addrs[st.pc])
             rows_hi = (ins.num_rows - 1) * ins.row_stride + row_bytes if ins.num_rows else 0

@@ -43,7 +43,7 @@ import numpy as np
 from ...program import STICK_BYTES, DmaGather, DmaLoad, DmaStore, Elementwise, MatMul, Program, Reduce, RingSend, Scalar, SpTensor
 from .. import vector_ops
 from .dma import gather_index_problem, gather_rows
-from .chains import Chain, DeviceTile, DeviceTileReader, Fusion, plan_fusion
+from .chains import Chain, DeviceTile, DeviceTileReader, Fusion, equal_bits, plan_fusion
 from .driver import single_threaded_pools
 from .runs import joined_cores
 from .schedule import Group, lockstep_rounds
@@ -106,9 +106,8 @@ class FastPlan:
         # BLAS (matmul) and torch's kernels (the position-dependent ops) split work over threads, which
         # can change a result's bits: they run on one thread, as in the checked executor. Limiting the
         # pools costs ~0.3 ms, more than a small program's whole run, so only these programs pay it.
-        self.single_threaded = any(isinstance(i, MatMul) or (isinstance(i, Elementwise) and i.op in
-                                                              vector_ops.POSITION_DEPENDENT_OPS)
-                                   for _, _, i in program.instructions())
+        self.single_threaded = has_matmul or any(isinstance(i, Elementwise) and i.op in vector_ops.POSITION_DEPENDENT_OPS
+                                                 for _, _, i in program.instructions())
 
     @property
     def tile_decodes(self) -> int:
@@ -268,7 +267,7 @@ class FastPlan:
             if before:
                 for k, b in enumerate(before):
                     old = bits[b]
-                    if old is not None and _equal_bits(view, old):
+                    if old is not None and equal_bits(view, old):
                         self._stop_comparing(before[:k] + before[k + 1:])
                         before = [b]  # the one that matched is the one to compare next run
                         self.reused_tiles += len(run)
@@ -383,7 +382,7 @@ class FastPlan:
         run = [(core, index)]
         idx_view = self._tensor(run, ins.index)
         sp = self.pads.block[core]
-        self._wrote([core], ins.sp_offset, ins.sp_offset + ins.index.numel * ins.row_sticks * STICK_BYTES)
+        self._wrote([core], *ins.sp_range())
 
         def gather(memory: Any, dma_addresses: dict) -> None:
             values = vector_ops.decode(idx_view, ins.index.dtype).reshape(-1)
@@ -576,14 +575,9 @@ def _same_bits(tile: np.ndarray, candidates: list[tuple], slots: list) -> tuple[
     are ``tile``'s: (its index, its decoded values), or None."""
     for k, (slot, j, bits) in enumerate(candidates):
         values = slots[slot]
-        if values is not None and _equal_bits(tile, bits):
+        if values is not None and equal_bits(tile, bits):
             return k, values if j is None else values[j]
     return None
-
-
-def _equal_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two tiles of one shape hold the same bits (their first elements first: most differ there)."""
-    return a.item(0) == b.item(0) and bool((a == b).all())
 
 
 def _byte_offset(view: np.ndarray, block: np.ndarray) -> int:
