@@ -246,12 +246,16 @@ def _effects(ins: list[Instruction], run, sticks: int) -> _Unit:
     return unit
 
 
+@functools.lru_cache(maxsize=4096)
 def _whole_sticks(x: DmaLoad) -> np.ndarray | None:
-    """The scratchpad sticks a DMA load writes, when each is a whole, aligned stick (else None)."""
+    """The scratchpad sticks a DMA load writes, when each is a whole, aligned stick (else None; read-only).
+    (Memoized: planning asks for each load twice, for its effects and for its provenance.)"""
     p = x.pattern
     if x.sp_offset % STICK_BYTES or any(s % STICK_BYTES for s in p.sp_strides):
         return None
-    return offset_grid(x.sp_offset, p.shape, p.sp_strides).reshape(-1) // STICK_BYTES
+    sticks = offset_grid(x.sp_offset, p.shape, p.sp_strides).reshape(-1) // STICK_BYTES
+    sticks.flags.writeable = False
+    return sticks
 
 
 class _Provenance:
