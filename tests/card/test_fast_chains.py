@@ -10,6 +10,8 @@ device memory on every core, or only on core 0, which passes it on over the ring
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -18,7 +20,7 @@ from tests.card.test_fast_executor import both_ways as fast_executor_both_ways
 from torch_spyre.card import Card
 from torch_spyre.card.config import load_config
 from torch_spyre.card.dlfloat16 import from_float32, to_float32
-from torch_spyre.card.execute import CHECK_ENV, FastPlan
+from torch_spyre.card.execute import CHECK_ENV, FastPlan, chains
 from torch_spyre.program import (
     Addr,
     DmaLoad,
@@ -235,10 +237,12 @@ def test_an_operand_the_program_stores_to_is_not_read_by_chains(card):
     assert_identical(both_ways(card, program, _data(program, 7), plan))
 
 
-def test_repeated_bits_along_k_are_decoded_once(card):
+def test_repeated_bits_along_k_are_decoded_once(card, monkeypatch):
     """A's tiles for k = 2, 3 hold k = 0, 1's bits (as a K loop over an fp32 operand's 16-bit halves
     does): learned on the first run, decoded once on later ones; once they differ, every tile is
-    decoded and the comparison stops. Every run's bytes are the checked executor's."""
+    decoded and the comparison stops. Every run's bytes are the checked executor's. (Nothing is kept
+    across runs here: the next test is about that.)"""
+    monkeypatch.setattr(chains, "KEEP_BYTES", 0)
     ks, ncores = 4, 2
     program = kloop(ncores=ncores, ks=ks)
     plan = FastPlan(program, card)
@@ -256,6 +260,90 @@ def test_repeated_bits_along_k_are_decoded_once(card):
         assert plan.decoded_elements == decoded
     assert_identical(both_ways(card, program, _data(program, 8), plan))  # compared no more: all decoded
     assert plan.decoded_elements == decoded + a_elems + b_elems
+
+
+def test_tiles_holding_the_last_runs_bits_are_not_decoded_again(card):
+    """Across runs, a chain operand's tiles are kept once a second run finds the same sample of their
+    device bytes, and then decoded again only when the bytes differ from the copy: one bit anywhere
+    (here in a tile that repeats an earlier tile's bits, so the repeat no longer holds either) is seen;
+    an operand whose bytes differed at two runs running is no longer kept. Every run's bytes are the
+    checked executor's. (Each run binds freshly allocated operands: the allocator hands back the same
+    blocks, as it does to a program launched again.)"""
+    ks, ncores = 4, 2
+    program = kloop(ncores=ncores, ks=ks)
+    plan = FastPlan(program, card)
+    data = _data(program, 8)
+    a = data["a"].view(np.uint16).reshape(2 * ks, M * 64)
+    a[4:8] = a[0:4]  # A's tiles k = 2, 3 hold k = 0, 1's bits
+    a_elems, b_elems = ks * M * K, ncores * ks * K * N
+
+    def decoded_by_a_run() -> int:
+        before = plan.decoded_elements
+        assert_identical(both_ways(card, program, data, plan))
+        return plan.decoded_elements - before
+
+    def flip(name: str, element: int) -> None:
+        data[name] = data[name].copy()
+        data[name].view(np.uint16)[element] ^= 1
+
+    assert decoded_by_a_run() == a_elems // 2 + b_elems  # A's distinct tiles, and B: seen
+    assert decoded_by_a_run() == a_elems // 2 + b_elems  # the same sample: kept
+    assert decoded_by_a_run() == 0
+    flip("a", 6 * M * 64 + 3)  # in tile k = 3, a repeat of k = 1
+    assert decoded_by_a_run() == a_elems
+    assert decoded_by_a_run() == a_elems  # kept again
+    assert decoded_by_a_run() == 0
+    flip("b", ks * K * 64 + 5)  # core 1's B
+    assert decoded_by_a_run() == b_elems
+    flip("b", 0)  # (in the sample: a bit outside it would find the same sample and keep B again)
+    assert decoded_by_a_run() == b_elems  # twice running: B is no longer kept
+    assert decoded_by_a_run() == b_elems
+
+
+def test_kept_tiles_are_bounded_and_given_back_with_their_plan(card, monkeypatch):
+    """With no room left under ``KEEP_BYTES`` every run decodes; what a plan keeps is given back when the
+    plan is dropped (its program evicted); a reader remembers at most ``KEEP_BINDINGS`` bindings."""
+    program = kloop(ncores=2, ks=4)
+    data = _data(program, 9)
+    a_elems, b_elems = 4 * M * K, 2 * 4 * K * N
+    gc.collect()  # (earlier tests' plans give their bytes back now, not in the middle of this test)
+    monkeypatch.setattr(chains, "KEEP_BYTES", chains._Keep.used)
+    plan = FastPlan(program, card)
+    for _ in range(3):
+        assert_identical(both_ways(card, program, data, plan))
+    assert plan.decoded_elements == 3 * (a_elems + b_elems)
+    monkeypatch.setattr(chains, "KEEP_BYTES", 1 << 30)
+    used = chains._Keep.used
+    plan = FastPlan(program, card)
+    for _ in range(3):
+        assert_identical(both_ways(card, program, data, plan))
+    assert plan.decoded_elements == 2 * (a_elems + b_elems) and chains._Keep.used > used
+    del plan
+    gc.collect()
+    assert chains._Keep.used == used
+    monkeypatch.setattr(chains, "KEEP_BINDINGS", 1)
+    plan, held, seen = FastPlan(program, card), [], set()
+    try:
+        for _ in range(3):
+            assert_identical(both_ways(card, program, data, plan))
+            assert plan.device_readers and all(len(r.bindings) <= 1 for r in plan.device_readers)
+            seen |= {where for r in plan.device_readers for where in r.bindings}
+            held += [card.memory.allocate(op.nbytes) for op in program.operands]  # the next run binds other blocks
+        assert len(seen) >= 3
+    finally:
+        for block in held:
+            card.memory.free(block)
+
+
+def test_tiles_not_filling_a_span_are_decoded_at_every_run(card):
+    """B's tiles at uneven offsets (no one span per core to compare): decoded at every run; A's are kept
+    from the second run."""
+    program = kloop(ncores=2, ks=4, b_order=[2, 0, 3, 1])
+    plan = FastPlan(program, card)
+    data = _data(program, 10)
+    for _ in range(3):
+        assert_identical(both_ways(card, program, data, plan))
+    assert plan.decoded_elements == 2 * 4 * M * K + 3 * 2 * 4 * K * N
 
 
 def test_operands_bound_over_a_stored_one_run_unfused(card, monkeypatch):

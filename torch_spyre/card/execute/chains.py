@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import threading
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -65,6 +66,21 @@ class DeviceTile:
             return 0
         step = b[1] - b[0]
         return step if all(y - x == step for x, y in zip(b, b[1:])) else None
+
+    @functools.cached_property
+    def dense_bytes(self) -> int | None:
+        """The bytes one core's members span when they fill that span exactly (no gap, no overlap: then the
+        span's bytes are the tiles' bits, whatever order the tiles walk them in), else None."""
+        k_stride = self.k_stride
+        if k_stride is None:
+            return None
+        dims = sorted((st, n) for st, n in zip((k_stride, *self.strides), (len(self.bases), *self.split)) if n > 1)
+        extent = 2  # (uint16 elements)
+        for stride, n in dims:
+            if stride != extent:
+                return None
+            extent *= n
+        return extent
 
 
 @dataclass(frozen=True)
@@ -387,16 +403,77 @@ def _dead_writes(order: list[tuple[int, int]], info: dict[tuple[int, int], _Unit
             live[c, lo:hi] = True
 
 
-class DeviceTileReader:
-    """A chain's tiles of one operand, decoded from device memory: (cores, members, rows, cols), cores 1
-    when every core reads the same bytes (broadcast by np.matmul).
+KEEP_BYTES = 512 << 20  # host bytes all readers together may keep across runs (:class:`_Keep`)
+KEEP_BINDINGS = 1024  # bindings one reader remembers (the oldest is forgotten first)
+SAMPLE_STEP = 61  # a span's sample: every 61st 8-byte word (a binding is kept once two samples agree)
 
-    Decoding is most of a chain's cost after its GEMMs, and much of it repeats: chains on other cores
-    read the very same A tiles (``cache``: one run's decoded tiles, by geometry; the operands do not
-    change during a run), and a K loop over a long K often meets the same bits again (fp32 matmuls at
-    "highest" run the 16-bit halves of each operand more than once). Which members hold an earlier
-    member's bits is learned on the first run and checked on every later one (a comparison costs a
-    fraction of a decode); once it does not hold the reader decodes every member and stops comparing."""
+# A chain operand's tiles as decoded: ``(j, tiles)`` pieces in member order, ``tiles`` (cores or 1, n, rows,
+# cols) members ``j .. j+n-1``; a run of members holding earlier members' bits is a view of their values.
+Pieces = tuple[tuple[int, np.ndarray], ...]
+
+
+class _Keep:
+    """Host bytes that readers keep across runs, against one budget (:data:`KEEP_BYTES`): the first
+    comers keep, later ones decode at every run, nothing is evicted (an LRU over a working set larger than
+    the budget would miss at every read and pay for keeping on top). A reader's bytes come back when it
+    is garbage (its plan dropped with its program)."""
+
+    lock = threading.Lock()
+    used = 0
+
+    @classmethod
+    def take(cls, nbytes: int) -> bool:
+        with cls.lock:
+            if cls.used + nbytes > KEEP_BYTES:
+                return False
+            cls.used += nbytes
+            return True
+
+    @classmethod
+    def give(cls, nbytes: int) -> None:
+        with cls.lock:
+            cls.used -= nbytes
+
+
+@dataclass
+class _Binding:
+    """What a reader remembers of one binding of its operand: a sample of the span's bytes (seen, not
+    kept), or the span's bytes and their pieces (kept), or neither (its bytes change from run to run)."""
+
+    sample: np.ndarray | None = None
+    words: np.ndarray | None = None
+    pieces: Pieces | None = None
+    values: np.ndarray | None = None  # the one array holding the pieces' values
+    misses: int = 0  # runs running whose bytes differed from the run before
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.sample, self.words, self.values) if a is not None)
+
+
+class DeviceTileReader:
+    """A chain's tiles of one operand, decoded from device memory as :data:`Pieces` (cores 1 when every
+    core reads the same bytes: np.matmul broadcasts it).
+
+    Decoding is most of a chain's cost after its GEMMs, and much of it repeats:
+    - within a run, chains on other cores read the very same A tiles (``cache``: one run's decoded tiles,
+      by geometry; the operands do not change during a run);
+    - within a chain, a K loop often meets the same bits again (fp32 matmuls at "highest" multiply each
+      16-bit part of an operand in several passes). Which members hold an earlier member's bits is
+      learned on the first run and checked at every later one (a comparison costs a fraction of a
+      decode; once it fails the reader decodes every member and stops comparing); such members are not
+      decoded again, nor copied: their piece is a view of the earlier members' values;
+    - across runs, the tiles a program reads from a weight hold the same bits launch after launch. Where
+      one core's tiles fill a span of device memory exactly (:attr:`DeviceTile.dense_bytes`), the reader
+      remembers each binding (the operand's host buffer and offset): at its first run a sample of the
+      span's bytes; at a run whose sample is the last one's, a copy of the span's bytes and their decoded
+      pieces (kept); at later runs it compares the span with the copy (contiguous words: several times
+      cheaper than decoding) and reuses the pieces when every byte is equal. The comparison is the whole
+      proof: nothing is assumed about what may have written device memory since (the sample only
+      decides what is worth keeping). A binding whose bytes differed at two runs running (an activation)
+      is no longer remembered beyond that; the bytes kept are bounded (:class:`_Keep`,
+      :data:`KEEP_BINDINGS`).
+    """
 
     def __init__(self, tile: DeviceTile, ncores: int, regions: list, cache: dict, count) -> None:
         self.tile, self.regions, self.cache, self.count = tile, regions, cache, count
@@ -405,12 +482,70 @@ class DeviceTileReader:
         self.shape = (self.cores, len(tile.bases), *tile.shape)
         self.repeats: tuple[int, ...] | None = None  # per member: the earlier member with its bits, or -1
         self.runs: list[tuple[int, int, int]] = []  # ``repeats`` as runs of consecutive members (``_runs``)
+        self.bindings: dict[tuple[int, int], _Binding] = {}  # by (id of the host buffer, byte offset)
+        self.kept_bytes = 0
 
-    def __call__(self) -> np.ndarray:
-        values = self.cache.get(self.key)
-        if values is None:
-            values = self.cache[self.key] = self._decode(self._raw())
-        return values
+    def __del__(self) -> None:
+        if self.kept_bytes:
+            _Keep.give(self.kept_bytes)
+
+    def __call__(self) -> Pieces:
+        pieces = self.cache.get(self.key)
+        if pieces is None:
+            pieces = self.cache[self.key] = self._pieces()
+        return pieces
+
+    def _pieces(self) -> Pieces:
+        span = self._span()
+        if span is None:
+            return self._decode(self._raw())[0]
+        buffer, base = self.regions[self.tile.operand]
+        where = (id(buffer), base)
+        old = self.bindings.get(where)
+        if old is not None:
+            if old.words is not None and equal_bits(span, old.words):
+                old.misses = 0
+                return old.pieces
+            if old.words is None and old.sample is None:  # its bytes change from run to run, or no room
+                return self._decode(self._raw())[0]
+            self._drop(where)
+        pieces, values = self._decode(self._raw())
+        sample = _sample(span)
+        if old is None:
+            new = _Binding(sample=sample)
+        elif old.sample is not None and equal_bits(sample, old.sample):
+            values.flags.writeable = False  # (shared with later runs: chain steps only read it)
+            new = _Binding(words=np.array(span), pieces=pieces, values=values)
+        else:
+            new = _Binding(sample=sample, misses=old.misses + 1)
+            if new.misses >= 2:
+                new = _Binding(misses=new.misses)
+        self._put(where, new)
+        return pieces
+
+    def _put(self, where: tuple[int, int], binding: _Binding) -> None:
+        """Remember ``binding`` (as one with nothing kept if the budget has no room for it)."""
+        if len(self.bindings) >= KEEP_BINDINGS:
+            self._drop(next(iter(self.bindings)))
+        if not _Keep.take(binding.nbytes):
+            binding = _Binding(misses=binding.misses)
+        self.kept_bytes += binding.nbytes
+        self.bindings[where] = binding
+
+    def _drop(self, where: tuple[int, int]) -> None:
+        nbytes = self.bindings.pop(where).nbytes
+        self.kept_bytes -= nbytes
+        _Keep.give(nbytes)
+
+    def _span(self) -> np.ndarray | None:
+        """Each core's tiles' span of device memory as 8-byte words, (cores, words), when dense."""
+        t = self.tile
+        nbytes = t.dense_bytes
+        if nbytes is None or nbytes % 8:
+            return None
+        buffer, base = self.regions[t.operand]
+        return np.ndarray((self.cores, nbytes // 8), np.uint64, buffer=buffer, offset=base + t.bases[0],
+                          strides=(t.core_stride, 8))
 
     def _raw(self) -> np.ndarray:
         t = self.tile
@@ -422,7 +557,8 @@ class DeviceTileReader:
         return np.stack([np.ndarray((self.cores, *t.split), np.uint16, buffer=buffer, offset=base + b,
                                     strides=(t.core_stride, *t.strides)) for b in t.bases], axis=1)
 
-    def _decode(self, raw: np.ndarray) -> np.ndarray:
+    def _decode(self, raw: np.ndarray) -> tuple[Pieces, np.ndarray]:
+        """The pieces, and the one array holding all their values."""
         words = _words(raw)  # (the comparisons on 8-byte words where the tiles allow: 4x fewer elements)
         repeats = self.repeats
         if repeats is None:
@@ -433,21 +569,40 @@ class DeviceTileReader:
         if not repeats:
             values = vector_ops.decode(raw, "dlfloat16")
             self.count(values.size)
-            return values.reshape(self.shape)
-        # Member-major: each member's values one contiguous block, decoded in place or copied whole from
-        # the earlier member with its bits; the (cores, members) view of it hands np.matmul the same
-        # contiguous tiles as a (cores, members) array would. Consecutive members are handled together
-        # (the parts of an fp32 operand repeat as runs of members).
-        members = raw.shape[1]
-        values = np.empty((members, raw.shape[0], *raw.shape[2:]), np.float32)
+            return ((0, values.reshape(self.shape)),), values
+        # Only the members holding no earlier member's bits are decoded, member-major (each member's values
+        # one contiguous block, as np.matmul is handed a member's tile either way), in member order, so that
+        # a run of repeated members is a run of consecutive decoded members: one view.
+        decoded = [j for j, i in enumerate(repeats) if i < 0]
+        slot = {j: s for s, j in enumerate(decoded)}
+        values = np.empty((len(decoded), raw.shape[0], *raw.shape[2:]), np.float32)
+        for j in decoded:  # (member by member: a block's strided read decodes 3x slower)
+            vector_ops.decode(raw[:, j], "dlfloat16", out=values[slot[j]])
+        self.count(values.size)
+        tiles = values.reshape(len(decoded), self.cores, *self.tile.shape).swapaxes(0, 1)
+        pieces = []
         for j, i, n in self.runs:
-            if i < 0:
-                for m in range(j, j + n):  # (member by member: a block's strided read decodes 3x slower)
-                    vector_ops.decode(raw[:, m], "dlfloat16", out=values[m])
-                self.count(values[j:j + n].size)
-            else:
-                values[j:j + n] = values[i:i + n]
-        return values.reshape(members, self.cores, *self.tile.shape).swapaxes(0, 1)
+            first = slot[j if i < 0 else i]
+            pieces.append((j, tiles[:, first:first + n]))
+        return tuple(pieces), values
+
+
+def _sample(span: np.ndarray) -> np.ndarray:
+    return np.array(span[:, ::SAMPLE_STEP])
+
+
+def segments(a: Pieces, b: Pieces, members: int):
+    """``(j, k, a_tiles, b_tiles)``: members ``j .. k-1`` of two operands' pieces, cut where either's
+    pieces are, so that each pair is one view of each."""
+    cuts = sorted({j for j, _ in a}.union(j for j, _ in b).union((members,)))
+    ia = ib = 0
+    for j, k in zip(cuts, cuts[1:]):
+        while ia + 1 < len(a) and a[ia + 1][0] <= j:
+            ia += 1
+        while ib + 1 < len(b) and b[ib + 1][0] <= j:
+            ib += 1
+        (ja, ta), (jb, tb) = a[ia], b[ib]
+        yield j, k, ta[:, j - ja:k - ja], tb[:, j - jb:k - jb]
 
 
 def _runs(repeats: tuple[int, ...]) -> list[tuple[int, int, int]]:

@@ -43,7 +43,7 @@ import numpy as np
 from ...program import STICK_BYTES, DmaGather, DmaLoad, DmaStore, Elementwise, MatMul, Program, Reduce, RingSend, Scalar, SpTensor
 from .. import vector_ops
 from .dma import gather_index_problem, gather_rows
-from .chains import Chain, DeviceTile, DeviceTileReader, Fusion, equal_bits, plan_fusion
+from .chains import Chain, DeviceTile, DeviceTileReader, Fusion, equal_bits, plan_fusion, segments
 from .driver import single_threaded_pools
 from .runs import joined_cores
 from .schedule import Group, lockstep_rounds
@@ -91,6 +91,7 @@ class FastPlan:
         self._dma_of: dict[int, tuple[int, int, int]] = {}
         self._regions: list[tuple[np.ndarray, int] | None] = [None] * len(program.operands)
         self._device_tiles: dict = {}  # one run's chain tiles decoded from device memory (``chains``)
+        self.device_readers: list[DeviceTileReader] = []  # the chains' (what they keep: ``kept_bytes``)
         groups = [(group, self._units(group)) for rounds in lockstep_rounds(program, self.cores) for group in rounds]
         # Matmul K loops as one step, and the DMA loads and ring sends nothing then reads dropped
         # (``chains``); planned for programs with matmuls, the only ones that have such loops.
@@ -108,6 +109,11 @@ class FastPlan:
         # pools costs ~0.3 ms, more than a small program's whole run, so only these programs pay it.
         self.single_threaded = has_matmul or any(isinstance(i, Elementwise) and i.op in vector_ops.POSITION_DEPENDENT_OPS
                                                  for _, _, i in program.instructions())
+
+    @property
+    def kept_bytes(self) -> int:
+        """Host bytes the chains' readers keep across runs (``chains.DeviceTileReader``)."""
+        return sum(r.kept_bytes for r in self.device_readers)
 
     @property
     def tile_decodes(self) -> int:
@@ -512,8 +518,9 @@ class FastPlan:
 
     def _chain(self, run, chain: Chain) -> Step:
         """A matmul K loop as one step (``chains``): every member's A and B tile decoded from device
-        memory in one batch, their products as numpy's stack of one single-threaded GEMM per (core,
-        member), of the very shapes and contiguity each member's step has, then summed in the members'
+        memory (:class:`chains.DeviceTileReader`), their products as numpy's stacks of one single-threaded
+        GEMM per (core, member), of the very shapes and contiguity each member's step has (one stack per
+        run of members whose tiles are views of one array on both sides), then summed in the members'
         order, each add the step's own ``P_k + out`` (one fp32 add of the same two values). NaNs become
         the one NaN at the end: NaN is sticky under +, so the final NaNs are the steps' NaNs."""
         out = self._tensor(run, chain.out)
@@ -521,9 +528,16 @@ class FastPlan:
         read_a, read_b = self._device_reader(chain.a, len(run)), self._device_reader(chain.b, len(run))
         nan, initial, ncores = vector_ops.DEFAULT_NAN, chain.initial, len(run)
         before = out if ncores > 1 else out[None]
+        members, mn = chain.members, (chain.a.shape[0], chain.b.shape[1])
 
         def matmul_chain(memory: Any, dma_addresses: dict) -> None:
-            products = np.matmul(read_a(), read_b())  # (cores or 1, members, M, N)
+            a, b = read_a(), read_b()
+            if len(a) == 1 and len(b) == 1:
+                products = np.matmul(a[0][1], b[0][1])  # (cores or 1, members, M, N)
+            else:  # (the same GEMMs, one batch per run of members that are views of one array each)
+                products = np.empty((max(a[0][1].shape[0], b[0][1].shape[0]), members, *mn), np.float32)
+                for j, k, a_tiles, b_tiles in segments(a, b, members):
+                    np.matmul(a_tiles, b_tiles, out=products[:, j:k])
             total = products[:, 0]
             if initial:
                 total = np.add(total, before)  # the first step's P_0 + out
@@ -535,11 +549,13 @@ class FastPlan:
 
         return matmul_chain
 
-    def _device_reader(self, tile: DeviceTile, ncores: int) -> Callable[[], np.ndarray]:
+    def _device_reader(self, tile: DeviceTile, ncores: int) -> DeviceTileReader:
         def count(n: int) -> None:
             self.decoded_elements += n
 
-        return DeviceTileReader(tile, ncores, self._regions, self._device_tiles, count)
+        reader = DeviceTileReader(tile, ncores, self._regions, self._device_tiles, count)
+        self.device_readers.append(reader)
+        return reader
 
     def _reduce(self, run, ins: Reduce) -> Step:
         read_inp, out = self._reader(run, ins.inp), self._tensor(run, ins.out)
