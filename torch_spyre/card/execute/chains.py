@@ -471,7 +471,7 @@ class DeviceTileReader:
       cheaper than decoding) and reuses the pieces when every byte is equal. The comparison is the whole
       proof: nothing is assumed about what may have written device memory since (the sample only
       decides what is worth keeping). A binding whose bytes differed at two runs running (an activation)
-      is no longer remembered beyond that; the bytes kept are bounded (:class:`_Keep`,
+      is from then on decoded at every run, nothing kept; the bytes kept are bounded (:class:`_Keep`,
       :data:`KEEP_BINDINGS`).
     """
 
