@@ -214,3 +214,21 @@ def test_rows_in_timing_only_mode():
     y = xc.to("spyre")
     assert torch.equal((y[9] + 1).cpu(), xc[9] + 1)  # the same program, run for real
     assert eager.cache_stats()["compiles"] == 1
+
+
+# --- fp32 weights split once (weight_parts.py) ------------------------------------------------------
+def test_weight_parts_of_row_ranges_are_split_per_range_by_one_program():
+    from torch_spyre.compiler import weight_parts
+
+    weight_parts.clear()
+    ac, wc = _x(8, 64), _x(192, 64, seed=1)
+    a, w = ac.to("spyre"), wc.to("spyre")
+    before = weight_parts.stats()
+    for i in (0, 64, 128):
+        torch.testing.assert_close((a @ w[i:i + 64]).cpu(), ac @ wc[i:i + 64], rtol=1e-4, atol=1e-4)
+    for i in (0, 64, 128):  # each range's own parts again (they are keyed by where B lies)
+        torch.testing.assert_close((a @ w[i:i + 64]).cpu(), ac @ wc[i:i + 64], rtol=1e-4, atol=1e-4)
+    after = weight_parts.stats()
+    assert (after["misses"] - before["misses"], after["hits"] - before["hits"]) == (3, 3)
+    assert eager.cache_stats()["compiles"] == 2  # the split and the matmul on the parts, once each
+    _on_card_only()
