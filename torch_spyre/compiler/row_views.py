@@ -10,7 +10,8 @@ outermost dim are interleaved stick by stick, so the rows themselves are not one
 operand is declared as the bytes the view at offset 0 reaches, :func:`extent_bytes`, not the whole layout).
 
 Views inside a stick, partial rows, strided or transposed views, layouts sticked on another dim and views
-of another dtype than their allocation do not qualify: they are placed where they lie, as before; so is
+of another dtype than their allocation (which the callers check: ``row_shift`` sees host elements only) do
+not qualify: they are placed where they lie, as before; so is
 every view with the ``row_views`` optimization switched off (``TORCH_SPYRE_DISABLE=row_views``).
 """
 
