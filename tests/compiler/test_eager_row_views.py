@@ -232,3 +232,14 @@ def test_weight_parts_of_row_ranges_are_split_per_range_by_one_program():
     assert (after["misses"] - before["misses"], after["hits"] - before["hits"]) == (3, 3)
     assert eager.cache_stats()["compiles"] == 2  # the split and the matmul on the parts, once each
     _on_card_only()
+
+
+# --- compiled graphs bind their inputs the same way ---------------------------------------------------
+def test_a_compiled_graph_on_rows_generates_one_program():
+    xc = _x(16, 64)
+    x = xc.to("spyre")
+    f = torch.compile(lambda v: (v * 2 + 1).softmax(-1), dynamic=False)
+    for i in (0, 3, 9, 15):
+        torch.testing.assert_close(f(x[i]).cpu(), (xc[i] * 2 + 1).softmax(-1), rtol=1e-5, atol=1e-6)
+    stats = kernel_runtime.shape_cache_stats()
+    assert (stats["programs"], stats["hits"]) == (1, 3)
