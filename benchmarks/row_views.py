@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| row_views | first call | a new row | a row seen before | eager compiles | eager hits | programs |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for mode, r in loop.items():
-        print(f"| {mode} | {r['first_s'] * 1e3:.1f} ms | {r['new_row_s'] * 1e3:.2f} ms | {r['seen_row_s'] * 1e3:.3f} ms "
-              f"| {r['compiles']} | {r['hits']} | {r['programs']} |")
+        print(f"| {mode} | {r['first_s'] * 1e3:.1f} ms | {r['new_row_s'] * 1e3:.2f} ms "
+              f"| {r['seen_row_s'] * 1e3:.3f} ms | {r['compiles']} | {r['hits']} | {r['programs']} |")
     print(f"\na new row: off / on = {loop['off']['new_row_s'] / loop['on']['new_row_s']:.1f}x; "
           f"a row seen before: on / off = {loop['on']['seen_row_s'] / loop['off']['seen_row_s']:.2f}x")
 
