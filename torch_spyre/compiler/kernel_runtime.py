@@ -38,10 +38,11 @@ from ..device.copy import contiguous_copy
 from ..device.storage import allocation_of
 from ..runtime import launch as _launch  # (its launch looked up per call: tests count launches by patching it)
 from ..util.bounded_cache import BoundedCache
-from . import optimizations
+from . import optimizations, row_views
 from .core_count import forced_cores
 from .generators import generator_for
 from .kernel_spec import KernelSpec, torch_dtype
+from .row_views import extent_bytes, row_shift
 
 _fallbacks: Counter[str] = Counter()
 _fallback_lock = threading.Lock()
@@ -246,16 +247,18 @@ class SpyreKernel:
         return self.spec.name
 
     def placements(self, tensors: dict[str, torch.Tensor]):
-        """(buffer name -> ``TensorView`` of the whole allocation it lies in, buffer name -> allocation,
-        card), or Nones when a buffer has no allocation (no elements)."""
+        """(buffer name -> ``TensorView`` of the whole allocation it lies in, buffer name -> what its operand
+        is bound to (the allocation, or ``(address, nbytes)`` for a view of whole rows placed at offset 0:
+        ``row_views.py``), card), or Nones when a buffer has no allocation (no elements)."""
         where, allocs, card = self._where(tensors)
         if where is None:
             return None, None, None
         return self._places(where), allocs, card
 
     def _where(self, tensors: dict[str, torch.Tensor]):
-        """Each buffer's (name, allocation layout, storage offset), in buffer order: all a placement is
-        (``_places`` makes the TensorViews only when a program is prepared); its allocations; its card."""
+        """Each buffer's (name, allocation layout, storage offset, extent), in buffer order: all a placement
+        is (``_places`` makes the TensorViews only when a program is prepared); its bindings; its card. The
+        extent is None but for a view of whole rows (:meth:`_rows_at_zero`), placed at storage offset 0."""
         where, allocs, card = [], {}, None
         for name in self._buffer_names:
             t = tensors[name]
@@ -269,15 +272,49 @@ class SpyreKernel:
             if card is not None and c != card:
                 raise RuntimeError(f"kernel {self.name}: tensors on spyre:{card} and spyre:{c}; move them to one card")
             card = c
-            where.append((name, alloc.meta["layout"], int(t.storage_offset())))
+            where.append((name, alloc.meta["layout"], int(t.storage_offset()), None))
             allocs[name] = alloc
-        return tuple(where), allocs, card
+        return self._rows_at_zero(tensors, where, allocs), allocs, card
+
+    def _rows_at_zero(self, tensors: dict[str, torch.Tensor], where: list, allocs: dict[str, Any]) -> tuple:
+        """Buffers that are views of whole rows (``row_views.row_shift``) placed at storage offset 0 and
+        bound where their rows start, declared as the bytes they reach from there: the same program then
+        serves every row offset. Views of an allocation the kernel writes through one buffer and binds to
+        another as another view keep their offsets (that aliasing stays placed as it was); views of one
+        allocation that is only read are all moved (``torch.stack`` of a batch's rows)."""
+        shifts = {}
+        for name, layout, offset, _ in where:
+            t = tensors[name]
+            if allocs[name].meta.get("dtype") is t.dtype:
+                shift = row_shift(layout, tuple(t.shape), t.stride(), offset)
+                if shift is not None:
+                    shifts[name] = shift
+        if not shifts or not row_views.enabled():
+            return tuple(where)
+        written = [allocs[n] for n, *_ in where if n not in self._reads]
+        for name in [n for n in shifts if any(allocs[n] is w for w in written)]:
+            t, alloc = tensors[name], allocs[name]
+            geometry = (t.storage_offset(), t.shape, t.stride(), t.dtype)
+            if any(allocs[n] is alloc and (u := tensors[n]) is not t
+                   and (u.storage_offset(), u.shape, u.stride(), u.dtype) != geometry for n, *_ in where):
+                del shifts[name]
+        out = []
+        for name, layout, offset, extent in where:
+            shift = shifts.get(name)
+            if shift is None:
+                out.append((name, layout, offset, extent))
+                continue
+            out.append((name, layout, 0, extent_bytes(layout, tensors[name].numel())))
+            if shift:
+                alloc, nbytes = allocs[name], shift * layout.itemsize
+                allocs[name] = (alloc.address + nbytes, alloc.nbytes - nbytes)
+        return tuple(out)
 
     @staticmethod
     def _places(where: tuple) -> dict[str, Any]:
         from .access import TensorView
 
-        return {name: TensorView.whole(name, layout, offset) for name, layout, offset in where}
+        return {name: TensorView.whole(name, layout, offset) for name, layout, offset, _ in where}
 
     def run(self, **args: Any) -> None:
         """``args``: the kernel's buffers by name, and the values of its shape symbols (``s27=...``)."""
@@ -378,7 +415,8 @@ class SpyreKernel:
             c = cards.card(card)
             spec = self.specialized(values)
             names = _local_names(spec)
-            content = (_content_of(spec, names), c.config, _places_content(places, names), key[3])
+            extents = tuple((names.index(n), e) for n, _, _, e in key[2] if e is not None)
+            content = (_content_of(spec, names), c.config, _places_content(places, names), key[3], extents)
             shared = _shared.get(content, c)
             if shared is not None:  # another kernel of the same content (the same layer of another block)
                 first, first_names = shared
@@ -387,7 +425,7 @@ class SpyreKernel:
                 prepared = first.renamed(program)
                 self._note("shared")
             else:
-                program = self.program_for(places, c.config, values)
+                program = _with_extents(self.program_for(places, c.config, values), key[2])
                 prepared = prepare(program, c)
                 _shared.put(content, prepared, names)
             debug.dump_kernel(spec, prepared.program)
@@ -405,6 +443,21 @@ class SpyreKernel:
     def __repr__(self) -> str:
         sym = f", symbolic in {', '.join(self.spec.symbols)}" if self.spec.symbols else ""
         return f"<SpyreKernel {self.name}: {len(self._prepared)} prepared program(s){sym}>"
+
+
+def _with_extents(program: Any, where: tuple) -> Any:
+    """``program`` with each operand placed by its rows (an extent in ``where``) declared as that many bytes:
+    it is bound where its rows start, so the rest of the layout may lie past its allocation's end
+    (``validate`` at prepare refuses a program reaching further)."""
+    from dataclasses import replace
+
+    from ..program import Program
+
+    extents = {n: e for n, _, _, e in where if e is not None}
+    if not extents:
+        return program
+    operands = [replace(o, nbytes=extents[o.name]) if o.name in extents else o for o in program.operands]
+    return Program(program.name, operands, program.cores, program.metadata)
 
 
 def _local_names(spec: KernelSpec) -> list[str]:

@@ -49,6 +49,9 @@ KNOWN: dict[str, str] = {
     "transposed_product": "a matmul read transposed by a kernel that wants it in the other stick layout "
                           "(attention's K from (w @ x.t()).t()) is followed by a transposing copy kernel instead "
                           "of being computed as b.t() @ a.t() in that layout",
+    "row_views": "a view of whole rows of its allocation (x[i], an encode's batch rows stacked) is placed where "
+                 "it lies, so an eager op compiles and a kernel generates again for every row offset, instead of "
+                 "once with the view placed at offset 0 and bound where its rows start (compiler/row_views.py)",
 }
 
 #: optimizations the issue tracker plans but the compiler does not make yet. Switching one off would do nothing,
