@@ -119,3 +119,27 @@ def test_a_1d_in_place_op_after_the_same_op_on_a_row_view():
     zc = _x(64, seed=1)
     _twice(lambda x, z: x[3].add_(z), _x(12, 64), zc)
     _twice(lambda c, z: c.add_(z), _x(64), zc)
+
+
+def test_an_fp32_addmm_into_a_row_view_of_its_bias_runs_on_the_weight_parts():
+    # The parts matmul's program took the bias and out= as two inputs: its run failed ("wrong number of
+    # dimensions2") and the op went the ordinary way (which, taking them twice too, ran on the host).
+    from torch_spyre.compiler import weight_parts
+
+    weight_parts.clear()
+    ac, wc, bc = _x(8, 64), _x(64, 64, seed=1), _x(16, 64, seed=2)
+    a, b = ac.to("spyre"), bc.to("spyre")
+    w = torch.nn.Parameter(wc.to("spyre"), requires_grad=False)
+    expected = bc.clone()
+    before = weight_parts.stats()
+    with torch.no_grad():
+        for _ in range(2):
+            v = b[4:12]
+            assert torch.addmm(v, a, w, out=v) is v
+            expected[4:12] += ac @ wc
+    torch.testing.assert_close(b.cpu(), expected, rtol=1e-4, atol=1e-4)
+    stats = eager.cache_stats()
+    assert (stats["compiles"], stats["failures"], stats["hits"]) == (2, 0, 1), stats  # the split, the matmul
+    after = weight_parts.stats()
+    assert (after["misses"] - before["misses"], after["hits"] - before["hits"]) == (1, 1)
+    _on_card_only()

@@ -599,13 +599,19 @@ def _run_with_weight_parts(op: OpOverload, info: Any, bound: list[Any], card: in
     else:  # mm(a, b[, out])
         bias, beta, alpha = None, 1, 1
     out = bound[-1] if any(info.is_out) else None
-    args = [a, parts] + ([bias] if bias is not None else []) + ([out] if out is not None else [])
+    args = [a, parts] + ([bias] if bias is not None else [])
+    out_slot = len(args)
+    if out is not None:
+        # An out= that is the bias or A (the same view: call_host_reason) is that one input (see _template).
+        out_slot = next((i for i, t in enumerate(args) if i != 1 and _storage_key(t) == _storage_key(out)), out_slot)
+        if out_slot == len(args):
+            args.append(out)
 
     def fn(*ts):
         result = matmul(ts[0], ts[1], ts[2] if bias is not None else None, float(beta), float(alpha))
         if out is None:
             return (result,)
-        ts[-1].copy_(result)
+        ts[out_slot].copy_(result)
         return ()
 
     key = ("weight_parts_matmul", signature(matmul, tuple(args), {"beta": float(beta), "alpha": float(alpha)}, card))
