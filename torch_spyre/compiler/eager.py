@@ -301,8 +301,9 @@ def _template(value: Any, tensors: list[torch.Tensor], shared: dict[int, int] | 
     takes that one slot (``x.add_(y)`` is ``add.out(x, y, out=x)``, ``x.add_(x)`` passes it thrice), so the
     graph sees one input, not aliasing inputs of which one is mutated. For those aot_autograd builds a
     "synthetic base", at trace time from the fake placeholders (no ``_base``: the whole storage, 1-d) and
-    at run time from the real tensors (a view's ``_base``), and its graph cache keys neither: the graph's
-    input check then failed (``x[3].add_(z)``; a 1-d ``c.add_(z)`` after it) and the op ran on the host.
+    at run time from the real tensors (a view's ``_base``), and torch's graph caches (on disk, shared
+    between processes) key neither: the graph's input check then failed (``x[3].add_(z)``; a 1-d
+    ``c.add_(z)`` after it) and the op ran on the host.
     :func:`call_host_reason` sent calls whose views of a written storage differ to the host, so the one
     slot's view is every argument's."""
     if isinstance(value, torch.Tensor) and value.device.type != "spyre":
