@@ -175,7 +175,9 @@ def test_an_out_the_matmul_reads_or_of_other_strides_is_still_copied_into():
     a, b, c = _x(8, 64), _x(64, 64, seed=1), _x(8, 64, seed=2)
     read = s(c.clone())
     (r, names) = _kernels(lambda: torch.addmm(read, s(a), s(b), out=read))  # out= is also the bias
-    assert r is read and names[-2].startswith("spyre_addmm") and len(names) == 5, names  # a copy kernel last
+    # B's split; A's split, the matmul, a copy kernel last (one program input for the bias and out=: before,
+    # the synthetic base aot_autograd built for the two added a fifth kernel).
+    assert r is read and names[-2].startswith("spyre_addmm") and len(names) == 4, names
     torch.testing.assert_close(read.cpu(), torch.addmm(c, a, b), **TOL[torch.float32])
     view = s(torch.zeros(8, 128))[:, 64:]  # strides (128, 1), not the kernel's (64, 1)
     _, names = _kernels(lambda: torch.mm(s(a), s(b), out=view))

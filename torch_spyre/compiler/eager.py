@@ -12,7 +12,8 @@ calls with the same signature only launch the cached programs (the wrapper calls
 Python numbers in Tensor arguments and 0-d CPU tensors are constants of the graph (their values are in
 the signature). Results go where the host fallback puts them: fresh results are new device tensors,
 in-place and ``out=`` arguments are written in place (Inductor keeps a graph input's mutation inside
-the graph; an ``out=`` of another shape is resized first, as on the CPU), and returns that alias an
+the graph; a written storage's view is one graph input however many arguments pass it; an ``out=`` of
+another shape is resized first, as on the CPU), and returns that alias an
 argument are that argument (``x.add_(1) is x``).
 
 An op stays on the host (:func:`static_host_reason`, :func:`call_host_reason` say why) when it is, by
@@ -292,17 +293,39 @@ def signature(op: OpOverload, args: tuple, kwargs: dict, card: int) -> tuple:
 # ---------------------------------------------------------------------------------------------
 # Building and compiling the one-op graph
 # ---------------------------------------------------------------------------------------------
-def _template(value: Any, tensors: list[torch.Tensor]) -> Any:
+def _template(value: Any, tensors: list[torch.Tensor], shared: dict[int, int] | None = None) -> Any:
     """The argument with each spyre tensor replaced by its index in ``tensors`` (appended) and each
-    CPU scalar tensor by a constant of the graph (its value is part of the signature)."""
+    CPU scalar tensor by a constant of the graph (its value is part of the signature).
+
+    ``shared`` maps the storages the op writes to their slot: every argument reaching a written storage
+    takes that one slot (``x.add_(y)`` is ``add.out(x, y, out=x)``, ``x.add_(x)`` passes it thrice), so the
+    graph sees one input, not aliasing inputs of which one is mutated. For those aot_autograd builds a
+    "synthetic base", at trace time from the fake placeholders (no ``_base``: the whole storage, 1-d) and
+    at run time from the real tensors (a view's ``_base``), and torch's graph caches (on disk, shared
+    between processes) key neither: the graph's input check then failed (``x[3].add_(z)``; a 1-d
+    ``c.add_(z)`` after it) and the op ran on the host.
+    :func:`call_host_reason` sent calls whose views of a written storage differ to the host, so the one
+    slot's view is every argument's."""
     if isinstance(value, torch.Tensor) and value.device.type != "spyre":
         return _Const(value.item(), value.dtype)
     if isinstance(value, torch.Tensor):
+        if shared is not None and (key := _storage_key(value)) in shared:
+            if shared[key] < 0:
+                shared[key] = len(tensors)
+                tensors.append(value)
+            return _Slot(shared[key])
         tensors.append(value)
         return _Slot(len(tensors) - 1)
     if isinstance(value, (list, tuple)):
-        return type(value)(_template(v, tensors) for v in value)
+        return type(value)(_template(v, tensors, shared) for v in value)
     return value
+
+
+def _written_slots(info: Any, bound: list[Any]) -> dict[int, int] | None:
+    """A fresh ``shared`` map for :func:`_template`: each written storage, no slot yet (None: none written)."""
+    if not any(info.is_write):
+        return None
+    return {_storage_key(t): -1 for t in _written(info, bound)}
 
 
 @dataclass(frozen=True)
@@ -327,11 +350,13 @@ def _fill(value: Any, tensors: tuple) -> Any:
 
 
 def one_op_function(op: OpOverload, info: Any, args: tuple, kwargs: dict):
-    """``fn(*tensors) -> tuple`` calling the op once, and the tensors it takes. ``fn`` returns only the
-    results that do not alias an argument (the caller returns those arguments themselves)."""
+    """``fn(*tensors) -> tuple`` calling the op once, and the tensors it takes (a written storage's view
+    once: :func:`_template`). ``fn`` returns only the results that do not alias an argument (the caller
+    returns those arguments themselves)."""
     tensors: list[torch.Tensor] = []
-    targs = tuple(_template(a, tensors) for a in args)
-    tkwargs = {k: _template(v, tensors) for k, v in kwargs.items()}
+    shared = _written_slots(info, bound_args(info, args, kwargs))
+    targs = tuple(_template(a, tensors, shared) for a in args)
+    tkwargs = {k: _template(v, tensors, shared) for k, v in kwargs.items()}
     fresh = [i for i, (alias, _) in enumerate(info.returns) if alias is None]
 
     def fn(*ts):
@@ -503,7 +528,7 @@ def run(op: OpOverload, info: Any, args: tuple, kwargs: dict, card: int) -> tupl
             if outs is None:
                 raise HostOp(entry.reason)
         else:
-            outs = _call_cached(entry, key, _spyre_tensors(args, kwargs))
+            outs = _call_cached(entry, key, _spyre_tensors(args, kwargs, _written_slots(info, bound)))
     return _results(info, bound, outs), entry.reason
 
 
@@ -575,13 +600,19 @@ def _run_with_weight_parts(op: OpOverload, info: Any, bound: list[Any], card: in
     else:  # mm(a, b[, out])
         bias, beta, alpha = None, 1, 1
     out = bound[-1] if any(info.is_out) else None
-    args = [a, parts] + ([bias] if bias is not None else []) + ([out] if out is not None else [])
+    args = [a, parts] + ([bias] if bias is not None else [])
+    out_slot = len(args)
+    if out is not None:
+        # An out= that is the bias or A (the same view: call_host_reason) is that one input (see _template).
+        out_slot = next((i for i, t in enumerate(args) if i != 1 and _storage_key(t) == _storage_key(out)), out_slot)
+        if out_slot == len(args):
+            args.append(out)
 
     def fn(*ts):
         result = matmul(ts[0], ts[1], ts[2] if bias is not None else None, float(beta), float(alpha))
         if out is None:
             return (result,)
-        ts[-1].copy_(result)
+        ts[out_slot].copy_(result)
         return ()
 
     key = ("weight_parts_matmul", signature(matmul, tuple(args), {"beta": float(beta), "alpha": float(alpha)}, card))
@@ -628,9 +659,20 @@ def _run_program(key: tuple, fn: Callable[..., tuple], tensors: list[torch.Tenso
             return None
 
 
-def _spyre_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    """The program's inputs, in the order :func:`one_op_function` takes them."""
-    return [t for t in flat_tensors((args, tuple(kwargs.values()))) if t.device.type == "spyre"]
+def _spyre_tensors(args: tuple, kwargs: dict, shared: dict[int, int] | None = None) -> list[torch.Tensor]:
+    """The program's inputs, in the order :func:`one_op_function` takes them (a written storage's view once)."""
+    tensors = [t for t in flat_tensors((args, tuple(kwargs.values()))) if t.device.type == "spyre"]
+    if not shared:
+        return tensors
+    once = []
+    for t in tensors:
+        key = _storage_key(t)
+        if key in shared:
+            if shared[key] >= 0:
+                continue
+            shared[key] = len(once)
+        once.append(t)
+    return once
 
 
 def _call_cached(entry: Entry, key: tuple, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
