@@ -18,6 +18,21 @@ TOL = {torch.float16: dict(atol=3e-2, rtol=2e-2), torch.float32: dict(atol=1e-4,
        torch.bfloat16: dict(atol=5e-2, rtol=3e-2)}
 
 
+def eager_compile_mode(monkeypatch, fresh_cache: bool = False) -> None:
+    """Eager ops as compiled programs (``TORCH_SPYRE_EAGER=compile``), the fallback counters and warnings
+    reset; with ``fresh_cache`` also the eager program cache and the shape cache's counters (so that a test
+    can count compiles and hits)."""
+    from torch_spyre.compiler import eager, kernel_runtime
+
+    monkeypatch.setenv("TORCH_SPYRE_EAGER", "compile")
+    torch_spyre.reset_fallback_stats()
+    wrapper.reset_host_fallback_stats()
+    eager.reset_warnings()
+    if fresh_cache:
+        eager.reset_cache()
+        kernel_runtime.reset_shape_cache_stats()
+
+
 def fresh():
     torch._dynamo.reset()
     wrapper.reset_host_fallback_stats()

@@ -12,17 +12,14 @@ import torch.nn.functional as F
 import torch_spyre
 from torch_spyre.compiler import eager, eager_sweep, wrapper
 
-from .spyre_compile_helpers import TOL
+from .spyre_compile_helpers import TOL, eager_compile_mode
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "eager-ops.md"
 
 
 @pytest.fixture(autouse=True)
 def compile_mode(monkeypatch):
-    monkeypatch.setenv("TORCH_SPYRE_EAGER", "compile")
-    torch_spyre.reset_fallback_stats()
-    wrapper.reset_host_fallback_stats()
-    eager.reset_warnings()
+    eager_compile_mode(monkeypatch)
     yield
 
 

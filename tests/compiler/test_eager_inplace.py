@@ -15,14 +15,12 @@ from torch_spyre.compiler import eager, wrapper
 from torch_spyre.device.op_call import op_info
 from torch_spyre.device.storage import allocation_of
 
+from .spyre_compile_helpers import eager_compile_mode
+
 
 @pytest.fixture(autouse=True)
 def compile_mode(monkeypatch):
-    monkeypatch.setenv("TORCH_SPYRE_EAGER", "compile")
-    torch_spyre.reset_fallback_stats()
-    wrapper.reset_host_fallback_stats()
-    eager.reset_warnings()
-    eager.reset_cache()
+    eager_compile_mode(monkeypatch, fresh_cache=True)
     yield
 
 
