@@ -42,7 +42,7 @@ from .._torch import inductor as torch_inductor
 from .._torch.device import OpOverload, version_of
 from ..device import cards
 from ..device.copy import contiguous_copy
-from ..device.op_call import (bound_args, flat_tensors, map_tensors, op_info, resize_written, rewrap_numbers,
+from ..device.op_call import (bound_args, flat_tensors, map_tensors, resize_written, rewrap_numbers,
                               write_only_outs, written_args)
 from ..device.storage import allocation_of
 from ..runtime.timing_only import NoDataError
@@ -223,55 +223,41 @@ def _written_overlaps(info: Any, bound: list[Any]) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Signatures
 # ---------------------------------------------------------------------------------------------
-def _tensor_signature(t: torch.Tensor, storages: dict[int, int], mixed: set[int] | None) -> tuple:
+def _tensor_signature(t: torch.Tensor, storages: dict[int, int], rows: bool) -> tuple:
     storage = t.untyped_storage()  # (once: the allocation and the storage group both come from it)
     alloc = allocation_of(storage)
     layout = alloc.meta["layout"] if alloc is not None else None
-    key = storage.data_ptr()
-    group = storages.setdefault(key, len(storages))
+    group = storages.setdefault(storage.data_ptr(), len(storages))
     # The storage offset too: programs are generated per placement, and a view that starts inside a
-    # stick can be refused where one on a stick boundary was not. A view of whole rows is placed at
-    # offset 0 wherever its rows are (row_views.py, as SpyreKernel binds it), unless its storage is
-    # written and another argument is another view of it (``mixed``): then every offset stays in the key.
+    # stick can be refused where one on a stick boundary was not. With ``rows``, a view of whole rows is
+    # placed at offset 0 wherever its rows are (row_views.py, as SpyreKernel binds it).
     offset: Any = t.storage_offset()
-    if (mixed is not None and key not in mixed and alloc is not None and alloc.meta.get("dtype") is t.dtype
+    if (rows and alloc is not None and alloc.meta.get("dtype") is t.dtype
             and row_shift(layout, tuple(t.shape), t.stride(), offset) is not None):
         offset = "rows"
     return ("T", tuple(t.shape), t.stride(), offset, t.dtype, layout, group)
 
 
-def _value_signature(v: Any, storages: dict[int, int], mixed: set[int] | None = None) -> Any:
+def _value_signature(v: Any, storages: dict[int, int], rows: bool = False) -> Any:
     if isinstance(v, torch.Tensor):
         if v.device.type != "spyre":  # a 0-d CPU scalar: a constant
             return ("C", v.dtype, _value_signature(v.item(), storages))
-        return _tensor_signature(v, storages, mixed)
+        return _tensor_signature(v, storages, rows)
     if isinstance(v, (list, tuple)):
-        return (type(v).__name__, tuple(_value_signature(x, storages, mixed) for x in v))
+        return (type(v).__name__, tuple(_value_signature(x, storages, rows) for x in v))
     if isinstance(v, float):
         return ("f", v.hex())  # 0.0 and -0.0, nan: by bits
     return (type(v).__name__, v if isinstance(v, (bool, int, str, type(None))) else repr(v))
 
 
-def _mixed_storages(op: OpOverload, args: tuple, kwargs: dict) -> set[int] | None:
-    """Storages the op writes that arguments reach as different views: their offsets stay in the key (run()
-    sends such calls to the host anyway). None when every offset stays: ``row_views`` is switched off, or
-    the op takes a ``storage_offset`` (``as_strided_scatter``: one into the storage, which the traced graph
-    keeps). Views of a storage the op only reads may all be placed at offset 0 (``torch.stack`` of a
-    batch's rows): reading through aliases is the same whatever their offsets."""
-    if _takes_storage_offset(op) or not row_views.enabled():
-        return None
-    info = op_info(op)
-    if not any(info.is_write):
-        return set()
-    written = {_storage_key(t) for t in _written(info, bound_args(info, args, kwargs))}
-    seen: dict[int, tuple] = {}
-    mixed: set[int] = set()
-    for t in flat_tensors((args, tuple(kwargs.values()))):
-        if t.device.type == "spyre" and (key := _storage_key(t)) in written:
-            geometry = _geometry(t)
-            if seen.setdefault(key, geometry) != geometry:
-                mixed.add(key)
-    return mixed
+def _places_rows(op: OpOverload) -> bool:
+    """Whether the key places views of whole rows at offset 0: not with ``row_views`` switched off, nor for
+    an op taking a ``storage_offset`` (``as_strided_scatter``: one into the storage, which the traced graph
+    keeps). Views of a storage the op only reads may all be placed so (``torch.stack`` of a batch's rows:
+    reading through aliases is the same whatever their offsets); a call whose written storage another
+    argument reaches as another view never gets here with a key it would use (``call_host_reason`` sends
+    it to the host first), so every argument reaching a written storage is that storage's one view."""
+    return row_views.enabled() and not _takes_storage_offset(op)
 
 
 @functools.lru_cache(maxsize=None)
@@ -284,9 +270,9 @@ def signature(op: OpOverload, args: tuple, kwargs: dict, card: int) -> tuple:
     fp32 matmul precision and what else a generated program depends on (the optimizations switched off,
     a forced core count: ``kernel_runtime.generation_key``)."""
     storages: dict[int, int] = {}
-    mixed = _mixed_storages(op, args, kwargs)
-    return (op, tuple([_value_signature(a, storages, mixed) for a in args]),
-            tuple(sorted([(k, _value_signature(v, storages, mixed)) for k, v in kwargs.items()])) if kwargs else (),
+    rows = _places_rows(op)
+    return (op, tuple([_value_signature(a, storages, rows) for a in args]),
+            tuple(sorted([(k, _value_signature(v, storages, rows)) for k, v in kwargs.items()])) if kwargs else (),
             card, id(cards.card(card).config), torch.get_float32_matmul_precision(), generation_key())
 
 
